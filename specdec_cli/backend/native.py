@@ -1,0 +1,266 @@
+"""Owners of llama.cpp's native handles: a model, a context, a reusable batch.
+
+Only the low-level API (`llama_cpp.llama_cpp`) is used: the high-level `Llama` class cannot turn on
+a unified multi-sequence KV cache and keeps an n_ctx x n_vocab scores buffer we do not want.
+Freeing order: batch, then context, then model (a context borrows its model's weights).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpecdecError
+from . import gguf_file
+
+import llama_cpp.llama_cpp as L  # noqa: E402  (after our imports: it loads the shared library)
+
+# llama.cpp logs every load step to stderr; we keep the recent lines to explain failures instead.
+_LOG_LINES: deque[str] = deque(maxlen=40)
+_LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR
+
+
+@L.llama_log_callback
+def _log_to_buffer(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    if level >= _LOG_ERROR and text:
+        _LOG_LINES.append(text.decode("utf-8", "replace").strip())
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        if not os.environ.get("SPECDEC_LLAMA_LOG"):
+            L.llama_log_set(_log_to_buffer, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        _backend_ready = True
+
+
+def _last_log_error() -> str:
+    return _LOG_LINES[-1] if _LOG_LINES else ""
+
+
+class Model:
+    """A GGUF model's weights and vocabulary. Use as a context manager."""
+
+    def __init__(self, path: str | Path):
+        self.path = gguf_file.check(path)
+        _init_backend()
+        _LOG_LINES.clear()
+        params = L.llama_model_default_params()
+        self._ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._ptr:
+            reason = _last_log_error() or "llama.cpp could not load it"
+            raise SpecdecError(
+                f"cannot load model {self.path}: {reason}",
+                hint="the file may be truncated or from an unsupported architecture; re-download it",
+            )
+        self.vocab = L.llama_model_get_vocab(self._ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = L.llama_model_n_ctx_train(self._ptr)
+        self._pieces: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if self._ptr:
+            L.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- facts about the model -------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = L.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def describe(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self._ptr, buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def rollback_problem(self) -> str | None:
+        """Why this model's cache cannot drop a partial tail (speculation needs that), or None."""
+        if L.llama_model_is_recurrent(self._ptr):
+            return "it is a recurrent model, whose state cannot be rolled back to an earlier token"
+        if L.llama_model_is_hybrid(self._ptr):
+            return "it is a hybrid (recurrent + attention) model, whose state cannot be rolled back"
+        return None
+
+    def chat_template(self) -> str | None:
+        tmpl = L.llama_model_chat_template(self._ptr, None)
+        return tmpl.decode("utf-8", "replace") if tmpl else None
+
+    # --- tokens ------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        """Text to token ids; `special` adds BOS (when the model wants it) and parses control tokens."""
+        raw = text.encode("utf-8")
+        cap = len(raw) + 8
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, special, special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, special, special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (control tokens render as nothing); cached."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    def token_text(self, token: int) -> bytes:
+        return L.llama_vocab_get_text(self.vocab, token) or b""
+
+    def apply_chat_template(self, messages: list[tuple[str, str]]) -> str:
+        """Render (role, content) messages with the model's own template, ready for the reply."""
+        tmpl = L.llama_model_chat_template(self._ptr, None)
+        chat = (L.llama_chat_message * len(messages))()
+        keep = []  # the C strings must outlive the call
+        for i, (role, content) in enumerate(messages):
+            r, c = role.encode(), content.encode()
+            keep += [r, c]
+            chat[i].role, chat[i].content = r, c
+        size = sum(len(c) for c in keep) * 2 + 256
+        buf = ctypes.create_string_buffer(size)
+        n = L.llama_chat_apply_template(tmpl, chat, len(messages), True, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n)
+            n = L.llama_chat_apply_template(tmpl, chat, len(messages), True, buf, n)
+        if n < 0:
+            raise SpecdecError(
+                f"{self.name}: llama.cpp does not recognise its chat template",
+                hint="use --no-chat and write the prompt in the model's format yourself",
+            )
+        return buf.raw[:n].decode("utf-8", "replace")
+
+
+class Context:
+    """One llama.cpp context: its own KV cache shared by up to `n_seq` forkable sequences."""
+
+    def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_seq: int = 2, max_outputs: int = 64):
+        self.model = model
+        params = L.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = min(n_ctx, 2048)
+        params.n_ubatch = min(n_ctx, 512)
+        params.n_seq_max = n_seq
+        params.n_threads = params.n_threads_batch = n_threads
+        # seq_cp between sequences needs one buffer for all of them.
+        params.kv_unified = True
+        # Sliding-window layers would evict cells that a rollback must be able to return to.
+        params.swa_full = True
+        # We read logits for at most a verify batch; the default (n_batch) reserves 1 GB+ of
+        # output buffers with a 150k vocabulary.
+        params.n_outputs_max = max_outputs
+        self._ptr = L.llama_init_from_model(model._ptr, params)
+        if not self._ptr:
+            raise SpecdecError(
+                f"cannot create a llama.cpp context for {model.name} (n_ctx={n_ctx}): "
+                f"{_last_log_error() or 'out of memory?'}",
+                hint="try a smaller -c/--ctx-size",
+            )
+        self.n_ctx = L.llama_n_ctx(self._ptr)
+        self.n_batch = L.llama_n_batch(self._ptr)
+        self.n_vocab = model.n_vocab
+        self.memory = L.llama_get_memory(self._ptr)
+        self._batch = Batch(self.n_batch, n_seq)
+        self.decode_seconds = 0.0  # time inside llama_decode, to tell model cost from our overhead
+
+    def close(self) -> None:
+        if self._ptr:
+            self._batch.close()
+            L.llama_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def decode(self, tokens: list[int], pos0: int, seq_ids: list[list[int]] | int, outputs: str) -> np.ndarray:
+        """Decode `tokens` at positions pos0.. and return their logits rows, shape (n_out, n_vocab).
+
+        outputs: "last" (one row) or "all" (a row per token). The rows are a view into llama.cpp's
+        buffer, valid until the next decode: read them, never keep them.
+        """
+        n = len(tokens)
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
+        self._batch.fill(tokens, pos0, seq_ids, outputs == "all")
+        t0 = time.perf_counter()
+        rc = L.llama_decode(self._ptr, self._batch.raw)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            why = {1: "no free slot in the KV cache (context full)", 2: "aborted"}.get(rc, f"code {rc}")
+            raise SpecdecError(f"llama_decode failed on {self.model.name}: {why}")
+        n_out = n if outputs == "all" else 1
+        ptr = L.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+
+    # --- KV memory: used through kv.Sequence, which owns the bookkeeping ---------------------
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
+        return bool(L.llama_memory_seq_rm(self.memory, seq, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        L.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        L.llama_memory_seq_keep(self.memory, seq)
+
+    def seq_pos_range(self, seq: int) -> tuple[int, int]:
+        """(min, max) position the cache holds for `seq`; (-1, -1) when empty."""
+        return (L.llama_memory_seq_pos_min(self.memory, seq), L.llama_memory_seq_pos_max(self.memory, seq))
+
+
+class Batch:
+    """A llama_batch allocated once and refilled for every decode (no per-round allocation)."""
+
+    def __init__(self, capacity: int, n_seq: int):
+        self.capacity = capacity
+        self.raw = L.llama_batch_init(capacity, 0, n_seq)
+        self._live = True
+
+    def fill(self, tokens: list[int], pos0: int, seq_ids: list[list[int]] | int, all_logits: bool) -> None:
+        b = self.raw
+        n = len(tokens)
+        b.n_tokens = n
+        for i, t in enumerate(tokens):
+            b.token[i] = t
+            b.pos[i] = pos0 + i
+            ids = [seq_ids] if isinstance(seq_ids, int) else seq_ids[i]
+            b.n_seq_id[i] = len(ids)
+            for j, s in enumerate(ids):
+                b.seq_id[i][j] = s
+            b.logits[i] = all_logits
+        b.logits[n - 1] = True
+
+    def close(self) -> None:
+        if self._live:
+            L.llama_batch_free(self.raw)
+            self._live = False

@@ -1,0 +1,181 @@
+"""The `specdec` command line: thin commands over the library, and the one error boundary."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import __version__, ui
+from .engine.events import Stopped, Token
+from .engine.stats import Stats
+from .errors import SpecdecError, UsageError
+from .session import CTX_SIZE, DRAFT_TOKENS, MAX_TOKENS, RunConfig, default_threads, open_session
+
+app = typer.Typer(
+    name="specdec",
+    help="Lossless speculative decoding over llama.cpp GGUF models.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
+
+
+class DrafterName(str, Enum):
+    model = "model"
+    none = "none"
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"specdec {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Lossless speculative decoding over llama.cpp GGUF models."""
+
+
+@app.command()
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' or nothing reads standard input."),
+    target: Optional[Path] = typer.Option(None, "--target", help="Target GGUF: the model whose output you get."),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="Draft GGUF: a small model with the same tokenizer."),
+    drafter: Optional[DrafterName] = typer.Option(
+        None, "--drafter", help="Who drafts: 'model' (default with --draft) or 'none' (target-only)."
+    ),
+    draft_tokens: int = typer.Option(DRAFT_TOKENS, "-k", "--draft-tokens", help="Tokens drafted per round."),
+    max_tokens: int = typer.Option(MAX_TOKENS, "-n", "--max-tokens", help="Stop after this many tokens."),
+    temp: float = typer.Option(0.0, "--temp", help="Sampling temperature; 0 is greedy."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens; 0 is off."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 is off."),
+    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability; 0 is off."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed: the same seed gives the same text."),
+    ctx_size: int = typer.Option(CTX_SIZE, "-c", "--ctx-size", help="Context size in tokens (prompt + output)."),
+    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads; 0 means every core this process may use."),
+    chat: Optional[bool] = typer.Option(
+        None, "--chat/--no-chat", help="Wrap the prompt in the target's chat template (default: on when it has one)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the live stream."),
+    debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; show tracebacks."),
+) -> None:
+    """Generate text from PROMPT with speculative decoding."""
+    if target is None:
+        raise UsageError("--target PATH is required", hint="pass the GGUF model whose output you want")
+    cfg = RunConfig(
+        target=target,
+        draft=draft,
+        drafter=(drafter.value if drafter else ("model" if draft else "none")),
+        draft_tokens=draft_tokens,
+        max_tokens=max_tokens,
+        temp=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=seed,
+        ctx_size=ctx_size,
+        threads=threads or default_threads(),
+        chat=chat,
+        debug=debug,
+    )
+    text = _read_prompt(prompt)
+    with open_session(cfg) as session:
+        tokens = session.prompt_tokens(text)
+        live = not json_out and ui.live_terminal()
+        stream = None if json_out else ui.TokenStream(live)
+        stats, ids, pieces = Stats(), [], []
+        interrupted = False
+        if stream:
+            stream.start()
+        events = session.generate(tokens)
+        try:
+            for event in events:
+                stats.add(event)
+                if isinstance(event, Token):
+                    ids.append(event.id)
+                    pieces.append(event.text)
+                    if stream:
+                        stream.token(event)
+                elif isinstance(event, Stopped):
+                    pieces.append(event.tail)
+                    if stream:
+                        stream.text(event.tail)
+        except KeyboardInterrupt:
+            interrupted = True  # the engine's finally has already rolled the caches back
+        finally:
+            events.close()
+        if stream:
+            stream.end()
+        stop_reason = "interrupted" if interrupted else stats.stop_reason
+        stats.stop_reason = stop_reason
+        if json_out:
+            ui.print_json(
+                {
+                    "text": "".join(pieces),
+                    "tokens": ids,
+                    "stop_reason": stop_reason,
+                    "stats": {**stats.as_dict(), "load_seconds": round(session.load_seconds, 4)},
+                    "config": {**cfg.as_dict(), "chat": session.uses_chat},
+                }
+            )
+        else:
+            title = f"specdec · {cfg.drafter}" + (f" · k={cfg.draft_tokens}" if cfg.drafter == "model" else "")
+            ui.show_stats(stats, title, live)
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is not None and prompt != "-":
+        return prompt
+    if sys.stdin is None or sys.stdin.isatty():
+        raise UsageError("no prompt given", hint="pass PROMPT as an argument, or pipe it: echo 'hi' | specdec generate -")
+    text = sys.stdin.read()
+    if not text.strip():
+        raise UsageError("the prompt read from standard input is empty")
+    return text
+
+
+# --- the one error boundary -------------------------------------------------------------------
+_ClickUsageError = typer.BadParameter.__mro__[1]  # Click's UsageError; Typer exports only this subclass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: every known error becomes one `error: ...` line and an exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    show_traceback = "--debug" in argv or os.environ.get("SPECDEC_DEBUG") == "1"
+    try:
+        code = app(args=argv, prog_name="specdec", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except SpecdecError as e:
+        if show_traceback:
+            traceback.print_exc()
+        hint = e.hint or ("see 'specdec --help'" if isinstance(e, UsageError) else None)
+        ui.error(e.message, hint)
+        return e.exit_code
+    except _ClickUsageError as e:
+        command = e.ctx.command_path if getattr(e, "ctx", None) else "specdec"
+        ui.error(e.format_message(), f"see '{command} --help'")
+        return 2
+    except (KeyboardInterrupt, typer.Abort):
+        ui.error("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as e:  # a bug: still one line, unless asked for the traceback
+        if show_traceback:
+            traceback.print_exc()
+        ui.error(f"unexpected {type(e).__name__}: {e}", "rerun with --debug (or SPECDEC_DEBUG=1) for the traceback")
+        return 1
+
+
+def run() -> None:
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The one stream every consumer reads: the CLI's live view, --json, and the benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Origin(str, Enum):
+    DRAFT = "draft"  # a draft token the target accepted
+    CORRECTION = "correction"  # the target's own token where it rejected a draft token
+    BONUS = "bonus"  # the target's extra token after it accepted the whole draft
+    PLAIN = "plain"  # nothing was drafted this round: ordinary decoding
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    prompt_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    id: int
+    origin: Origin
+    text: str  # "" while a multi-byte character is still incomplete
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    drafted: int  # draft tokens the target verified
+    accepted: int  # of those, how many became output
+    emitted: int  # tokens this round produced, the target's correction/bonus included
+    draft_seconds: float
+    verify_seconds: float
+    seconds: float  # the whole round: drafting, verification, acceptance, rollback
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    reason: str  # "eos" | "max_tokens" | "context"
+    tail: str  # text still buffered by the detokenizer (bytes that never completed a character)
+
+
+Event = Prefilled | Token | Round | Stopped

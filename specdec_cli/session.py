@@ -1,0 +1,166 @@
+"""Load a target (and a draft) into their own contexts and run the engine: what every command calls."""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+from .backend import vocab
+from .backend.native import Context, Model
+from .engine.drafters import Drafter, ModelDrafter, NoDrafter
+from .engine.events import Event
+from .engine.kv import Sequence
+from .engine.sampling import Sampler
+from .engine.speculative import Settings, generate
+from .errors import SpecdecError, UsageError
+
+# --- defaults, one per line ---------------------------------------------------------------------
+DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
+MAX_TOKENS = 256  # long enough for a code answer, short enough to come back quickly
+CTX_SIZE = 4096  # room for a page of prompt plus the answer; the KV cache stays small on a laptop
+MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve output room for 64
+N_SEQ = 2  # sequences per context: the main one plus one fork (tree drafting uses more)
+
+
+def default_threads() -> int:
+    """The cores this process may use (llama.cpp's decode scales with physical cores)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything `generate` needs, resolved and validated in one place."""
+
+    target: Path
+    draft: Path | None = None
+    drafter: str = "none"  # "model" | "none"
+    draft_tokens: int = DRAFT_TOKENS
+    max_tokens: int = MAX_TOKENS
+    temp: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    ctx_size: int = CTX_SIZE
+    threads: int = field(default_factory=default_threads)
+    chat: bool | None = None  # None: use the chat template when the target has one
+    system: str | None = None
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_tokens >= 1, f"-n/--max-tokens must be at least 1 (got {self.max_tokens})"),
+            (self.draft_tokens >= 1, f"-k/--draft-tokens must be at least 1 (got {self.draft_tokens})"),
+            (self.draft_tokens <= MAX_DRAFT_TOKENS, f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS} (got {self.draft_tokens})"),
+            (self.temp >= 0, f"--temp must be >= 0 (got {self.temp}); 0 means greedy"),
+            (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p}); 1 turns it off"),
+            (0 <= self.min_p <= 1, f"--min-p must be in [0, 1] (got {self.min_p}); 0 turns it off"),
+            (self.top_k >= 0, f"--top-k must be >= 0 (got {self.top_k}); 0 turns it off"),
+            (self.ctx_size >= 16, f"-c/--ctx-size must be at least 16 (got {self.ctx_size})"),
+            (self.threads >= 1, f"-t/--threads must be at least 1 (got {self.threads})"),
+            (self.drafter in ("model", "none"), f"unknown drafter {self.drafter!r}: use model or none"),
+            (self.drafter != "model" or self.draft is not None, "--drafter model needs --draft PATH"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+
+    @property
+    def sampler(self) -> Sampler:
+        return Sampler(self.temp, self.top_k, self.top_p, self.min_p)
+
+    def as_dict(self) -> dict:
+        return {
+            "target": str(self.target),
+            "draft": str(self.draft) if self.drafter == "model" else None,
+            "drafter": self.drafter,
+            "draft_tokens": self.draft_tokens,
+            "max_tokens": self.max_tokens,
+            "temp": self.temp,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "seed": self.seed,
+            "ctx_size": self.ctx_size,
+            "threads": self.threads,
+        }
+
+
+class Session:
+    """A loaded target (and draft). Use `open_session`; it frees contexts before models."""
+
+    def __init__(self, cfg: RunConfig, stack: ExitStack):
+        self.cfg = cfg
+        t0 = time.perf_counter()
+        self.target = stack.enter_context(Model(cfg.target))
+        self.draft = stack.enter_context(Model(cfg.draft)) if cfg.drafter == "model" else None
+        for role, m in (("target", self.target), ("draft", self.draft)):
+            problem = m and m.rollback_problem()
+            if problem:
+                raise SpecdecError(f"{role} {m.name} cannot be used: {problem}")
+        if self.draft is not None:
+            why = vocab.incompatibility(self.target, self.draft)
+            if why:
+                raise SpecdecError(
+                    f"draft {self.draft.name} cannot draft for target {self.target.name}: {why}",
+                    hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
+                )
+        ctx = dict(n_ctx=cfg.ctx_size, n_threads=cfg.threads, n_seq=N_SEQ, max_outputs=MAX_DRAFT_TOKENS + 1)
+        self.target_ctx = stack.enter_context(Context(self.target, **ctx))
+        self.draft_ctx = stack.enter_context(Context(self.draft, **ctx)) if self.draft else None
+        self.load_seconds = time.perf_counter() - t0
+
+    @property
+    def uses_chat(self) -> bool:
+        has = self.target.chat_template() is not None
+        if self.cfg.chat and not has:
+            raise UsageError(f"--chat: {self.target.name} has no chat template", hint="use --no-chat")
+        return has if self.cfg.chat is None else self.cfg.chat
+
+    def prompt_tokens(self, prompt: str) -> list[int]:
+        if self.uses_chat:
+            messages = ([("system", self.cfg.system)] if self.cfg.system else []) + [("user", prompt)]
+            prompt = self.target.apply_chat_template(messages)
+        tokens = self.target.tokenize(prompt, special=True)
+        if not tokens:
+            raise UsageError("the prompt is empty")
+        if len(tokens) >= self.target_ctx.n_ctx:
+            raise UsageError(
+                f"the prompt has {len(tokens)} tokens but the context holds {self.target_ctx.n_ctx}",
+                hint="raise -c/--ctx-size or shorten the prompt",
+            )
+        return tokens
+
+    def generate(self, tokens: list[int], **overrides) -> Iterator[Event]:
+        """Run the engine on prompt tokens; `overrides` replace Settings fields (benchmarks sweep k)."""
+        drafter: Drafter = ModelDrafter(Sequence.empty(self.draft_ctx)) if self.draft_ctx else NoDrafter()
+        settings = Settings(self.cfg.draft_tokens, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug)
+        settings = replace(settings, **overrides)
+        if settings.draft_tokens > MAX_DRAFT_TOKENS:
+            raise UsageError(f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS}")
+        return generate(Sequence.empty(self.target_ctx), drafter, tokens, settings)
+
+
+class open_session:
+    """Context manager: `with open_session(cfg) as s: ...`; frees everything on the way out."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Session:
+        try:
+            return Session(self.cfg, self._stack)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import write_fixture_set  # noqa: E402
+
+from specdec_cli.engine.events import Token  # noqa: E402
+from specdec_cli.engine.stats import Stats  # noqa: E402
+from specdec_cli.session import RunConfig, open_session  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """The tiny F32 GGUF set: target, draft (noisy), same (identical), other_vocab, chat."""
+    return write_fixture_set(tmp_path_factory.mktemp("models"))
+
+
+def run_engine(session, prompt: str, **overrides):
+    """Generate through an open session; return (token ids, Stats, text)."""
+    tokens = session.prompt_tokens(prompt)
+    stats, ids, text = Stats(), [], []
+    for event in session.generate(tokens, **overrides):
+        stats.add(event)
+        if isinstance(event, Token):
+            ids.append(event.id)
+            text.append(event.text)
+    return ids, stats, "".join(text)
+
+
+def config(models, draft: str | None = "draft", **kw) -> RunConfig:
+    base = dict(
+        target=models["target"],
+        draft=models[draft] if draft else None,
+        drafter="model" if draft else "none",
+        threads=2,
+        ctx_size=512,
+        debug=True,
+    )
+    return RunConfig(**(base | kw))
+
+
+@pytest.fixture
+def open_pair(models):
+    """open_pair(draft="draft", **RunConfig fields) -> an open Session, closed after the test."""
+    opened = []
+
+    def _open(draft: str | None = "draft", **kw):
+        cm = open_session(config(models, draft, **kw))
+        opened.append(cm)
+        return cm.__enter__()
+
+    yield _open
+    for cm in reversed(opened):
+        cm.__exit__(None, None, None)

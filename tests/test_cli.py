@@ -1,0 +1,185 @@
+"""The command line as scripts use it: exit codes, one-line errors, --json keys, plain output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from specdec_cli.cli import main
+
+JSON_STATS = {
+    "prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted", "accept_rate", "mean_accepted",
+    "per_position_accept", "tokens_per_second", "prefill_seconds", "draft_seconds", "verify_seconds",
+    "wall_seconds",
+}  # fmt: skip
+
+
+def specdec(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert lines and lines[0].startswith("error: "), err
+    assert len(lines) <= 2 and all(not line.startswith("Traceback") for line in lines), err
+    return lines[0]
+
+
+def test_json_has_the_contract_keys(capsys, models):
+    code, out, _ = specdec(
+        capsys, "generate", "hello", "--target", str(models["target"]), "--draft", str(models["draft"]),
+        "-n", "20", "-k", "3", "--json", "-t", "2",
+    )  # fmt: skip
+    assert code == 0
+    obj = json.loads(out)
+    assert set(obj) == {"text", "tokens", "stop_reason", "stats", "config"}
+    assert JSON_STATS <= set(obj["stats"])
+    assert len(obj["tokens"]) == obj["stats"]["generated_tokens"] == 20
+    assert obj["stop_reason"] == "max_tokens"
+    assert obj["config"]["drafter"] == "model" and obj["config"]["draft_tokens"] == 3
+    s = obj["stats"]
+    assert s["accept_rate"] == pytest.approx(s["accepted"] / s["drafted"], abs=1e-4)
+    assert len(s["per_position_accept"]) == 3
+
+
+def test_drafter_none_ignores_draft_and_reports_plain_decoding(capsys, models):
+    code, out, _ = specdec(
+        capsys, "generate", "hello", "--target", str(models["target"]), "--draft", str(models["draft"]),
+        "--drafter", "none", "-n", "8", "--json",
+    )  # fmt: skip
+    s = json.loads(out)["stats"]
+    assert code == 0 and s["drafted"] == 0 and s["mean_accepted"] == 1.0 and s["accept_rate"] == 0.0
+
+
+def test_plain_output_goes_to_stdout_and_stats_to_stderr(capsys, models):
+    args = ["generate", "hello", "--target", str(models["target"]), "--draft", str(models["draft"]), "-n", "16"]
+    code, out, err = specdec(capsys, *args)
+    _, js, _ = specdec(capsys, *args, "--json")
+    assert code == 0
+    assert out == json.loads(js)["text"] + "\n"
+    assert "accept rate" in err and "tokens/s" in err
+
+
+def test_chat_template_is_applied_by_default_when_present(capsys, models):
+    args = ["generate", "hi", "--target", str(models["chat"]), "-n", "2", "--json"]
+    with_chat = json.loads(specdec(capsys, *args)[1])
+    without = json.loads(specdec(capsys, *args, "--no-chat")[1])
+    assert with_chat["config"]["chat"] is True and without["config"]["chat"] is False
+    # "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" in bytes, plus BOS
+    assert with_chat["stats"]["prompt_tokens"] == 1 + len("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert without["stats"]["prompt_tokens"] == 1 + len("hi")
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--target", "{missing}"], 1, "model file not found"),
+        (["--target", "{dir}"], 1, "is a directory"),
+        (["--target", "{notgguf}"], 1, "is not a GGUF file"),
+        (["--target", "{truncated}"], 1, "cannot load model"),
+        (["--target", "{target}", "--draft", "{other_vocab}"], 1, "cannot draft for target"),
+        (["--target", "{target}", "-n", "0"], 2, "--max-tokens must be at least 1"),
+        (["--target", "{target}", "--draft", "{draft}", "-k", "0"], 2, "--draft-tokens must be at least 1"),
+        (["--target", "{target}", "--temp", "-0.5"], 2, "--temp must be >= 0"),
+        (["--target", "{target}", "--top-p", "0"], 2, "--top-p must be in (0, 1]"),
+        (["--target", "{target}", "--top-p", "1.5"], 2, "--top-p must be in (0, 1]"),
+        (["--target", "{target}", "--min-p", "2"], 2, "--min-p must be in [0, 1]"),
+        (["--target", "{target}", "--drafter", "model"], 2, "--drafter model needs --draft"),
+        (["--target", "{target}", "--drafter", "magic"], 2, "'magic' is not one of"),
+        (["--target", "{target}", "--chat"], 2, "has no chat template"),
+        (["--target", "{target}", "-n", "abc"], 2, "Invalid value for '-n' / '--max-tokens'"),
+        (["--target", "{target}", "--bogus"], 2, "No such option"),
+        (["--draft", "{draft}"], 2, "--target PATH is required"),
+        (["--target", "{target}", "-c", "256", "--prompt-file"], 2, "No such option"),
+    ],
+)
+def test_bad_input_is_one_clean_line(capsys, models, tmp_path, args, code, message):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "notgguf.gguf").write_text("this is not a model\n")
+    data = models["target"].read_bytes()
+    (tmp_path / "truncated.gguf").write_bytes(data[: len(data) // 2])
+    paths = {
+        "missing": tmp_path / "missing.gguf",
+        "dir": tmp_path / "dir",
+        "notgguf": tmp_path / "notgguf.gguf",
+        "truncated": tmp_path / "truncated.gguf",
+        **models,
+    }
+    argv = ["generate", "hello"] + [a.format(**paths) for a in args]
+    got, out, err = specdec(capsys, *argv)
+    assert got == code, err
+    assert message in one_line_error(err)
+    assert out == ""
+
+
+def test_vocab_mismatch_says_what_differs(capsys, models):
+    _, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "--draft", str(models["other_vocab"]))
+    assert "token " in one_line_error(err) and "differs" in err
+
+
+def test_prompt_longer_than_context(capsys, models):
+    code, _, err = specdec(capsys, "generate", "x" * 600, "--target", str(models["target"]), "-c", "256")
+    assert code == 2 and "the prompt has 601 tokens but the context holds 256" in one_line_error(err)
+
+
+def test_unexpected_errors_hide_the_traceback_unless_debug(capsys, models, monkeypatch):
+    import specdec_cli.session as session
+
+    def boom(self, prompt):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(session.Session, "prompt_tokens", boom)
+    code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]))
+    assert code == 1 and one_line_error(err) == "error: unexpected RuntimeError: kaboom"
+    code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "--debug")
+    assert code == 1 and "Traceback" in err
+
+
+def cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "SPECDEC_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, env=env, **kw)
+
+
+def test_prompt_from_stdin(models):
+    a = cli("generate", "--target", str(models["target"]), "-n", "8", "--json", input="hello")
+    b = cli("generate", "-", "--target", str(models["target"]), "-n", "8", "--json", input="hello")
+    c = cli("generate", "hello", "--target", str(models["target"]), "-n", "8", "--json")
+    assert a.returncode == b.returncode == c.returncode == 0, a.stderr + b.stderr
+    assert json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"] == json.loads(c.stdout)["tokens"]
+
+
+def test_empty_stdin_is_a_usage_error(models):
+    r = cli("generate", "--target", str(models["target"]), input="  \n")
+    assert r.returncode == 2 and one_line_error(r.stderr).startswith("error: the prompt read from standard input is empty")
+
+
+def test_ctrl_c_stops_cleanly_and_prints_statistics(models):
+    """SIGINT mid-generation: exit 130, the text so far on stdout, the statistics on stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec_cli", "generate", "hello", "--target", str(models["target"]),
+         "--draft", str(models["draft"]), "-c", "16384", "-n", "16000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    first = proc.stdout.read(1)  # generation has started
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    err = err.decode()
+    assert first and proc.returncode == 130, err
+    assert "stop: interrupted" in err and "accept rate" in err
+    assert "Traceback" not in err
+
+
+def test_version_and_help():
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("specdec ")
+    r = cli("generate", "--help")
+    for option in ("--target", "--draft", "--drafter", "--draft-tokens", "--max-tokens", "--temp", "--top-k",
+                   "--top-p", "--min-p", "--seed", "--ctx-size", "--threads", "--chat", "--json", "--debug"):  # fmt: skip
+        assert option in r.stdout

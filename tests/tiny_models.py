@@ -1,0 +1,118 @@
+"""Tiny random llama-architecture GGUF models for hermetic tests: F32, a byte vocabulary, milliseconds to load.
+
+F32 weights make batched and one-token evaluation agree exactly, so greedy speculative output must
+equal target-only output token for token. A draft made from the target's weights plus a little noise
+agrees with it most of the time but not always: partial acceptance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, TokenType
+
+N_EMBD = 64
+N_LAYER = 2
+N_HEAD = 4
+N_HEAD_KV = 2  # grouped-query attention, like the real models
+N_FF = 128
+N_CTX_TRAIN = 2048
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_vocab(shuffle_seed: int | None = None) -> list[str]:
+    """<unk>, <s>, </s>, then the 256 byte tokens; shuffled bytes make an incompatible vocabulary."""
+    order = list(range(256))
+    if shuffle_seed is not None:
+        np.random.default_rng(shuffle_seed).shuffle(order)
+    return ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in order]
+
+
+def random_weights(seed: int, n_vocab: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    head_dim = N_EMBD // N_HEAD
+    t = {
+        "token_embd.weight": w(n_vocab, N_EMBD, scale=1.0),
+        "output_norm.weight": np.ones(N_EMBD, np.float32),
+        # Large output weights make the next-token distribution peaked, like a trained model's.
+        "output.weight": w(n_vocab, N_EMBD, scale=0.6),
+    }
+    for i in range(N_LAYER):
+        t |= {
+            f"blk.{i}.attn_norm.weight": np.ones(N_EMBD, np.float32),
+            f"blk.{i}.attn_q.weight": w(N_EMBD, N_EMBD, scale=0.15),
+            f"blk.{i}.attn_k.weight": w(N_HEAD_KV * head_dim, N_EMBD, scale=0.15),
+            f"blk.{i}.attn_v.weight": w(N_HEAD_KV * head_dim, N_EMBD, scale=0.15),
+            f"blk.{i}.attn_output.weight": w(N_EMBD, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_norm.weight": np.ones(N_EMBD, np.float32),
+            f"blk.{i}.ffn_gate.weight": w(N_FF, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_up.weight": w(N_FF, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_down.weight": w(N_EMBD, N_FF, scale=0.15),
+        }
+    return t
+
+
+def add_noise(weights: dict[str, np.ndarray], seed: int, rel: float) -> dict[str, np.ndarray]:
+    """Perturb every matrix by `rel` of its own scale (a stand-in for a smaller, cheaper model)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, a in weights.items():
+        if a.ndim == 2:
+            a = a + (rng.standard_normal(a.shape) * rel * a.std()).astype(np.float32)
+        out[name] = a
+    return out
+
+
+def write_model(path: Path, weights: dict[str, np.ndarray], tokens: list[str], chat_template: str | None = None) -> Path:
+    w = GGUFWriter(str(path), "llama")
+    w.add_name(path.stem)
+    w.add_context_length(N_CTX_TRAIN)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)  # all F32
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types([TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * (len(tokens) - 3))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    if chat_template:
+        w.add_chat_template(chat_template)
+    for name, a in weights.items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_fixture_set(folder: Path) -> dict[str, Path]:
+    """target, draft (noisy: partial acceptance), same (identical copy: full acceptance),
+    other_vocab (incompatible), chat (target weights with a ChatML template)."""
+    vocab = byte_vocab()
+    base = random_weights(seed=1234, n_vocab=len(vocab))
+    return {
+        "target": write_model(folder / "target.gguf", base, vocab),
+        "draft": write_model(folder / "draft.gguf", add_noise(base, seed=99, rel=0.02), vocab),
+        "same": write_model(folder / "same.gguf", base, vocab),
+        "other_vocab": write_model(folder / "other_vocab.gguf", base, byte_vocab(shuffle_seed=7)),
+        "chat": write_model(folder / "chat.gguf", base, vocab, chat_template=CHATML),
+    }
