@@ -77,6 +77,8 @@ class ModelDrafter:
                 d = draw(q, rng)
                 qs.append(q)
             tokens.append(d)
+            if self.seq.ctx.model.is_eog(d):  # nothing after the end of the text can be used
+                break
             feed = [d]
         return Draft(tokens, np.stack(qs) if qs else None)
 
