@@ -11,10 +11,12 @@ from typing import Optional
 
 import typer
 
-from . import __version__, ui
+from . import __version__, config, ui
 from .engine.events import Stopped, Token
 from .engine.stats import Stats
 from .errors import SpecdecError, UsageError
+from .cli_models import app as models_app
+from .cli_models import model_file
 from .session import CTX_SIZE, DRAFT_TOKENS, MAX_TOKENS, RunConfig, default_threads, open_session
 
 app = typer.Typer(
@@ -24,6 +26,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+app.add_typer(models_app, name="models")
 
 EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
@@ -49,46 +53,42 @@ def _root(
 @app.command()
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' or nothing reads standard input."),
-    target: Optional[Path] = typer.Option(None, "--target", help="Target GGUF: the model whose output you get."),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="Draft GGUF: a small model with the same tokenizer."),
-    drafter: Optional[DrafterName] = typer.Option(
-        None, "--drafter", help="Who drafts: 'model' (default with --draft) or 'none' (target-only)."
+    target: Optional[str] = typer.Option(
+        None, "--target", help="Target GGUF (a path or a known model name): the model whose output you get."
     ),
-    draft_tokens: int = typer.Option(DRAFT_TOKENS, "-k", "--draft-tokens", help="Tokens drafted per round."),
-    max_tokens: int = typer.Option(MAX_TOKENS, "-n", "--max-tokens", help="Stop after this many tokens."),
-    temp: float = typer.Option(0.0, "--temp", help="Sampling temperature; 0 is greedy."),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens; 0 is off."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 is off."),
-    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability; 0 is off."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF: a small model with the same tokenizer."),
+    drafter: Optional[DrafterName] = typer.Option(
+        None, "--drafter", help="Who drafts: 'model' (default with a draft) or 'none' (target-only)."
+    ),
+    pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
+    config_path: Optional[Path] = typer.Option(
+        None, "--config", help="Config file (default: $SPECDEC_CONFIG, else the user config)."
+    ),
+    draft_tokens: Optional[int] = typer.Option(None, "-k", "--draft-tokens", help=f"Tokens drafted per round [{DRAFT_TOKENS}]."),
+    max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help=f"Stop after this many tokens [{MAX_TOKENS}]."),
+    temp: Optional[float] = typer.Option(None, "--temp", help="Sampling temperature; 0 is greedy [0]."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the k most likely tokens; 0 is off [0]."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 is off [1]."),
+    min_p: Optional[float] = typer.Option(None, "--min-p", help="Drop tokens below min-p x the top probability [0]."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed: the same seed gives the same text."),
-    ctx_size: int = typer.Option(CTX_SIZE, "-c", "--ctx-size", help="Context size in tokens (prompt + output)."),
+    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help=f"Context size in tokens [{CTX_SIZE}]."),
     threads: int = typer.Option(0, "-t", "--threads", help="CPU threads; 0 means every core this process may use."),
     chat: Optional[bool] = typer.Option(
         None, "--chat/--no-chat", help="Wrap the prompt in the target's chat template (default: on when it has one)."
     ),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt for the chat template."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the live stream."),
     debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; show tracebacks."),
 ) -> None:
     """Generate text from PROMPT with speculative decoding."""
-    if target is None:
-        raise UsageError("--target PATH is required", hint="pass the GGUF model whose output you want")
-    cfg = RunConfig(
-        target=target,
-        draft=draft,
-        drafter=(drafter.value if drafter else ("model" if draft else "none")),
-        draft_tokens=draft_tokens,
-        max_tokens=max_tokens,
-        temp=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=seed,
-        ctx_size=ctx_size,
-        threads=threads or default_threads(),
-        chat=chat,
-        debug=debug,
-    )
+    given = dict(
+        target=target, draft=draft, drafter=drafter.value if drafter else None, draft_tokens=draft_tokens,
+        max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, ctx_size=ctx_size,
+        chat=chat, system=system,
+    )  # fmt: skip
+    settings = config.resolve(given, pair, config.config_file(config_path))
     text = _read_prompt(prompt)
+    cfg = run_config(settings, threads=threads, debug=debug)
     with open_session(cfg) as session:
         tokens = session.prompt_tokens(text)
         live = not json_out and ui.live_terminal()
@@ -116,16 +116,15 @@ def generate(
             events.close()
         if stream:
             stream.end()
-        stop_reason = "interrupted" if interrupted else stats.stop_reason
-        stats.stop_reason = stop_reason
+        stats.stop_reason = "interrupted" if interrupted else stats.stop_reason
         if json_out:
             ui.print_json(
                 {
                     "text": "".join(pieces),
                     "tokens": ids,
-                    "stop_reason": stop_reason,
+                    "stop_reason": stats.stop_reason,
                     "stats": {**stats.as_dict(), "load_seconds": round(session.load_seconds, 4)},
-                    "config": {**cfg.as_dict(), "chat": session.uses_chat},
+                    "config": {**cfg.as_dict(), "pair": settings.get("pair"), "chat": session.uses_chat},
                 }
             )
         else:
@@ -133,6 +132,18 @@ def generate(
             ui.show_stats(stats, title, live)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def run_config(settings: dict, *, threads: int, debug: bool) -> RunConfig:
+    """Settings (from config.resolve) to a validated RunConfig; known model names become assembled paths."""
+    if settings.get("target") is None:
+        raise UsageError("no target model", hint="pass --target PATH, or name a --pair whose config has a target")
+    fields = {k: v for k, v in settings.items() if k in RunConfig.__dataclass_fields__}
+    fields["target"] = model_file(settings["target"])
+    draft = settings.get("draft")
+    fields["drafter"] = settings.get("drafter") or ("model" if draft else "none")
+    fields["draft"] = model_file(draft) if draft and fields["drafter"] == "model" else None
+    return RunConfig(**fields, threads=threads or default_threads(), debug=debug)
 
 
 def _read_prompt(prompt: str | None) -> str:

@@ -116,3 +116,48 @@ def show_stats(stats: Stats, title: str, live: bool) -> None:
 def print_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+# --- models --------------------------------------------------------------------------------------
+class byte_progress:
+    """`with byte_progress("assembling x", total) as advance: advance(n)`: a progress bar with ETA on stderr."""
+
+    def __init__(self, label: str, total: int):
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TimeRemainingColumn(), console=_err, transient=False,
+        )  # fmt: skip
+        self._task = self._progress.add_task(label, total=total)
+
+    def __enter__(self):
+        self._progress.start()
+        return lambda n: self._progress.advance(self._task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+
+def models_table(rows: list[dict]) -> None:
+    table = Table(title="specdec models", title_justify="left")
+    for col in ("name", "role", "size", "status", "file"):
+        table.add_column(col, overflow="fold")
+    colours = {"assembled": "green", "installed": "yellow", "not installed": "dim", "corrupt": "bold red"}
+    for r in rows:
+        table.add_row(r["name"], r["role"], f"{r['size'] / 1e6:,.0f} MB", Text(r["status"], colours[r["status"]]), r["path"].rsplit("/", 1)[-1])
+    Console(highlight=False).print(table)
+
+
+def key_values(title: str, rows: list[tuple[str, str]]) -> None:
+    """A two-column table on stdout (it is the command's data), plain when piped."""
+    if live_terminal():
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column(overflow="fold")
+        for k, v in rows:
+            table.add_row(k, v)
+        Console(highlight=False).print(Panel(table, title=title, title_align="left", expand=False))
+    else:
+        width = max(len(k) for k, _ in rows)
+        print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

@@ -9,7 +9,7 @@ from .native import Model
 MAX_SIZE_DIFFERENCE = 128  # Qwen pads its vocabularies to different sizes across model sizes
 FIRST_CHECKED_ID = 5  # the first ids are control tokens that families number differently
 
-_VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo2"}
+VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo2"}
 
 
 def incompatibility(target: Model, draft: Model) -> str | None:
@@ -17,7 +17,7 @@ def incompatibility(target: Model, draft: Model) -> str | None:
     tv, dv = target.vocab, draft.vocab
     t_type, d_type = L.llama_vocab_type(tv), L.llama_vocab_type(dv)
     if t_type != d_type:
-        return f"vocabulary types differ: target {_VOCAB_TYPES.get(t_type, t_type)}, draft {_VOCAB_TYPES.get(d_type, d_type)}"
+        return f"vocabulary types differ: target {VOCAB_TYPES.get(t_type, t_type)}, draft {VOCAB_TYPES.get(d_type, d_type)}"
     for what, get in (("add-BOS", L.llama_vocab_get_add_bos), ("add-EOS", L.llama_vocab_get_add_eos)):
         if bool(get(tv)) != bool(get(dv)):
             return f"{what} flags differ: target {bool(get(tv))}, draft {bool(get(dv))}"

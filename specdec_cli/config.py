@@ -1,0 +1,127 @@
+"""Named pairs and defaults from TOML, and the one place where settings are resolved:
+command line > config file > built-in defaults.
+
+Which file: --config FILE, else $SPECDEC_CONFIG, else the user config in the XDG config directory
+(specdec/config.toml) if it exists. Only that one file is read. See models.example.toml.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecdecError
+from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR, KNOWN
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+# Keys a [pairs.NAME] table may set, with their types.
+PAIR_KEYS: dict[str, type | tuple[type, ...]] = {
+    "target": str,
+    "draft": str,
+    "drafter": str,
+    "draft_tokens": int,
+    "max_tokens": int,
+    "chat": bool,
+    "system": str,
+    "temp": (int, float),
+    "top_k": int,
+    "top_p": (int, float),
+    "min_p": (int, float),
+    "seed": int,
+    "ctx_size": int,
+}
+
+
+class ConfigError(SpecdecError):
+    def __init__(self, file: Path | str, key: str, problem: str):
+        super().__init__(f"config {file}: {key}: {problem}", hint="see models.example.toml for the format")
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base).expanduser() / "specdec" / "config.toml"
+
+
+def config_file(explicit: Path | None) -> Path | None:
+    """The one config file to read, or None. An explicitly named file must exist."""
+    if explicit is not None:
+        path, source = explicit, "--config"
+    elif os.environ.get("SPECDEC_CONFIG"):
+        path, source = Path(os.environ["SPECDEC_CONFIG"]), "SPECDEC_CONFIG"
+    else:
+        path = user_config_path()
+        return path if path.is_file() else None
+    path = path.expanduser()
+    if not path.is_file():
+        raise SpecdecError(f"config file not found: {path} (from {source})")
+    return path
+
+
+def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
+    """(default pair name, pairs) from the file, merged over the built-in pairs; validated."""
+    pairs = {name: dict(values) for name, values in BUILTIN_PAIRS.items()}
+    if path is None:
+        return DEFAULT_PAIR, pairs
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, "syntax", str(e)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecdecError(f"cannot read config {path}: {e}") from None
+    unknown = set(data) - {"default_pair", "pairs"}
+    if unknown:
+        raise ConfigError(path, sorted(unknown)[0], "unknown top-level key (expected default_pair and [pairs.NAME])")
+    file_pairs = data.get("pairs", {})
+    if not isinstance(file_pairs, dict):
+        raise ConfigError(path, "pairs", "must be tables: [pairs.NAME]")
+    for name, values in file_pairs.items():
+        if not isinstance(values, dict):
+            raise ConfigError(path, f"pairs.{name}", "must be a table")
+        for key, value in values.items():
+            where = f"pairs.{name}.{key}"
+            if key not in PAIR_KEYS:
+                raise ConfigError(path, where, f"unknown key (known: {', '.join(PAIR_KEYS)})")
+            expected = PAIR_KEYS[key]
+            if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
+                names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
+                raise ConfigError(path, where, f"must be {names}, not {type(value).__name__} {value!r}")
+            if key in ("target", "draft") and not _is_model_name(value):
+                values[key] = str((path.parent / Path(value).expanduser()).resolve())  # relative to the file
+        if "target" not in values and name not in pairs:
+            raise ConfigError(path, f"pairs.{name}", "a new pair needs a target")
+        pairs[name] = values if name not in pairs else {**pairs[name], **values}
+    default = data.get("default_pair", DEFAULT_PAIR)
+    if not isinstance(default, str) or default not in pairs:
+        raise ConfigError(path, "default_pair", f"{default!r} is not a pair (pairs: {', '.join(pairs)})")
+    return default, pairs
+
+
+def resolve(cli: dict[str, Any], pair: str | None, path: Path | None) -> dict[str, Any]:
+    """Merge settings: values given on the command line (not None) win over the pair's.
+
+    A pair is used when named with --pair, or when the command line names no target (the default pair).
+    Returns the merged keys of PAIR_KEYS; `target`/`draft` are model names or paths.
+    """
+    default, pairs = load(path)
+    given = {k: v for k, v in cli.items() if v is not None}
+    if pair is None and "target" in given:
+        return given
+    name = pair or default
+    if name not in pairs:
+        where = f" in {path}" if path else ""
+        raise SpecdecError(f"unknown pair {name!r}{where}", hint=f"pairs: {', '.join(pairs)}")
+    merged = {**pairs[name], **given}
+    if "draft" in given and "drafter" not in given:
+        merged["drafter"] = "model"  # naming a draft on the command line means: use it
+    merged["pair"] = name
+    return merged
+
+
+def _is_model_name(value: str) -> bool:
+    return value in KNOWN
