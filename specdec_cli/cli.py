@@ -136,8 +136,6 @@ def generate(
 
 def run_config(settings: dict, *, threads: int, debug: bool) -> RunConfig:
     """Settings (from config.resolve) to a validated RunConfig; known model names become assembled paths."""
-    if settings.get("target") is None:
-        raise UsageError("no target model", hint="pass --target PATH, or name a --pair whose config has a target")
     fields = {k: v for k, v in settings.items() if k in RunConfig.__dataclass_fields__}
     fields["target"] = model_file(settings["target"])
     draft = settings.get("draft")

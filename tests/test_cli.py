@@ -96,7 +96,6 @@ def test_chat_template_is_applied_by_default_when_present(capsys, models):
         (["--target", "{target}", "--chat"], 2, "has no chat template"),
         (["--target", "{target}", "-n", "abc"], 2, "Invalid value for '-n' / '--max-tokens'"),
         (["--target", "{target}", "--bogus"], 2, "No such option"),
-        (["--draft", "{draft}"], 2, "--target PATH is required"),
         (["--target", "{target}", "-c", "256", "--prompt-file"], 2, "No such option"),
     ],
 )
