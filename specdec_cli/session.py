@@ -138,14 +138,16 @@ class Session:
             )
         return tokens
 
-    def generate(self, tokens: list[int], **overrides) -> Iterator[Event]:
-        """Run the engine on prompt tokens; `overrides` replace Settings fields (benchmarks sweep k)."""
-        drafter: Drafter = ModelDrafter(Sequence.empty(self.draft_ctx)) if self.draft_ctx else NoDrafter()
+    def generate(self, tokens: list[int], drafter: str | None = None, **overrides) -> Iterator[Event]:
+        """Run the engine on prompt tokens. `drafter="none"` decodes target-only even with a draft
+        loaded (like-for-like baselines); `overrides` replace Settings fields (benchmarks sweep k)."""
+        use_draft = self.draft_ctx is not None and drafter != "none"
+        drafter_: Drafter = ModelDrafter(Sequence.empty(self.draft_ctx)) if use_draft else NoDrafter()
         settings = Settings(self.cfg.draft_tokens, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug)
         settings = replace(settings, **overrides)
         if settings.draft_tokens > MAX_DRAFT_TOKENS:
             raise UsageError(f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS}")
-        return generate(Sequence.empty(self.target_ctx), drafter, tokens, settings)
+        return generate(Sequence.empty(self.target_ctx), drafter_, tokens, settings)
 
 
 class open_session:
