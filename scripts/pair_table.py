@@ -12,7 +12,7 @@ import argparse
 import statistics
 
 from specdec_cli import config
-from specdec_cli.cli import run_config
+from specdec_cli.cli_common import run_config
 from specdec_cli.engine.stats import Stats
 from specdec_cli.session import open_session
 

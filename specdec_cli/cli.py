@@ -15,9 +15,10 @@ from . import __version__, config, ui
 from .engine.events import Stopped, Token
 from .engine.stats import Stats
 from .errors import SpecdecError, UsageError
+from .cli_bench import bench
+from .cli_common import run_config
 from .cli_models import app as models_app
-from .cli_models import model_file
-from .session import CTX_SIZE, DRAFT_TOKENS, MAX_TOKENS, RunConfig, default_threads, open_session
+from .session import CTX_SIZE, DRAFT_TOKENS, MAX_TOKENS, open_session
 
 app = typer.Typer(
     name="specdec",
@@ -28,6 +29,7 @@ app = typer.Typer(
 )
 
 app.add_typer(models_app, name="models")
+app.command()(bench)
 
 EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
@@ -132,16 +134,6 @@ def generate(
             ui.show_stats(stats, title, live)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
-
-
-def run_config(settings: dict, *, threads: int, debug: bool) -> RunConfig:
-    """Settings (from config.resolve) to a validated RunConfig; known model names become assembled paths."""
-    fields = {k: v for k, v in settings.items() if k in RunConfig.__dataclass_fields__}
-    fields["target"] = model_file(settings["target"])
-    draft = settings.get("draft")
-    fields["drafter"] = settings.get("drafter") or ("model" if draft else "none")
-    fields["draft"] = model_file(draft) if draft and fields["drafter"] == "model" else None
-    return RunConfig(**fields, threads=threads or default_threads(), debug=debug)
 
 
 def _read_prompt(prompt: str | None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -11,18 +10,8 @@ from . import ui
 from .backend.native import Model
 from .errors import SpecdecError
 from .models import info, store
+from .cli_common import model_file
 from .models.catalog import INSTALL_HINT, KNOWN
-
-def model_file(ref: str) -> Path:
-    """A known model's assembled GGUF (assembling it on first use, with a progress bar), or the path as given."""
-    if ref in KNOWN:
-        return store.ensure(KNOWN[ref], _bar)
-    return Path(ref)
-
-
-def _bar(model):
-    return ui.byte_progress(f"assembling {model.name}", model.size)
-
 
 app = typer.Typer(help="Known models: list, assemble, verify, locate; describe any GGUF.", no_args_is_help=True)
 
@@ -66,7 +55,7 @@ def pull(name: Optional[str] = typer.Argument(None, help="A model name; all inst
         if st.state == "not installed" and name is None:
             ui.note(f"{model.name}: not installed, skipped ({', '.join(model.packages[:2])} ...)")
             continue
-        path = store.ensure(model, _bar)
+        path = model_file(model.name)
         ui.note(f"{model.name}: {path}")
         done += 1
     if not done:
@@ -99,7 +88,7 @@ def verify() -> None:
 def path(name: str = typer.Argument(..., help="A known model name.")) -> None:
     """Print the assembled GGUF path of a known model (assembling it if needed), for scripts."""
     model = store.lookup(name)
-    print(store.ensure(model, _bar))
+    print(model_file(model.name))
 
 
 @app.command("info")

@@ -46,6 +46,21 @@ class Stats:
         elif isinstance(event, Stopped):
             self.stop_reason = event.reason
 
+    @classmethod
+    def combine(cls, parts: list[Stats]) -> Stats:
+        """Totals over several generations (e.g. a benchmark's prompts): counts and times add up."""
+        total = cls()
+        for s in parts:
+            for name in ("prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted", "emitted",
+                         "rounds_with_draft", "prefill_seconds", "draft_seconds", "verify_seconds",
+                         "generation_seconds"):  # fmt: skip
+                setattr(total, name, getattr(total, name) + getattr(s, name))
+            if len(total.accepted_at) < len(s.accepted_at):
+                total.accepted_at += [0] * (len(s.accepted_at) - len(total.accepted_at))
+            for i, a in enumerate(s.accepted_at):
+                total.accepted_at[i] += a
+        return total
+
     @property
     def accept_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0

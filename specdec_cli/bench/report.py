@@ -1,0 +1,169 @@
+"""Benchmark results as data: rows per configuration and category, the recommendation, and the files
+(JSON, CSV, SVG), each rewritten atomically after every finished row."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+from pathlib import Path
+
+from ..engine.stats import Stats
+from .costs import CostCurve, predicted_speedup
+from .runner import RowResult
+from .suite import Prompt
+
+MODEL_GAP = 0.10  # predicted and measured speed-ups should agree within ~10%; larger gaps are flagged
+PAYS = 1.03  # a configuration "pays" from 3% faster than target-only (below that it is noise)
+
+COLUMNS = [
+    "drafter", "draft_tokens", "temp", "category", "prompts", "generated_tokens", "tokens_per_second",
+    "baseline_tokens_per_second", "speedup", "accept_rate", "mean_accepted", "per_position_accept",
+    "draft_share", "verify_share", "predicted_speedup", "model_gap", "identical_to_baseline",
+]  # fmt: skip
+
+
+def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list[dict]:
+    """One row for all prompts ("all") and one per category."""
+    groups = {"all": list(range(len(prompts)))}
+    for i, p in enumerate(prompts):
+        groups.setdefault(p.category, []).append(i)
+    cfg = result.config
+    out = []
+    for category, idx in groups.items():
+        mine = Stats.combine([result.runs[i].stats for i in idx])
+        base = Stats.combine([result.baseline[i].stats for i in idx])
+        speedup = mine.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
+        predicted = predicted_speedup(curve, mine.accept_rate, cfg.draft_tokens) if curve.draft or cfg.is_baseline else None
+        gen = mine.generation_seconds or 1.0
+        identical = None
+        if cfg.temp == 0:
+            same = sum(result.runs[i].tokens == result.baseline[i].tokens for i in idx)
+            identical = round(same / len(idx), 4)
+        out.append(
+            {
+                "drafter": cfg.drafter,
+                "draft_tokens": cfg.draft_tokens,
+                "temp": cfg.temp,
+                "category": category,
+                "prompts": len(idx),
+                "generated_tokens": mine.generated_tokens,
+                "tokens_per_second": round(mine.tokens_per_second, 3),
+                "baseline_tokens_per_second": round(base.tokens_per_second, 3),
+                "speedup": round(speedup, 4),
+                "accept_rate": round(mine.accept_rate, 4),
+                "mean_accepted": round(mine.mean_accepted, 4),
+                "per_position_accept": [round(x, 4) for x in mine.per_position_accept],
+                "draft_share": round(mine.draft_seconds / gen, 4),
+                "verify_share": round(mine.verify_seconds / gen, 4),
+                "predicted_speedup": round(predicted, 4) if predicted is not None else None,
+                "model_gap": bool(predicted is not None and speedup and abs(predicted - speedup) / speedup > MODEL_GAP),
+                "identical_to_baseline": identical,
+            }
+        )
+    return out
+
+
+def recommendation(rows: list[dict], curve: CostCurve) -> str:
+    overall = [r for r in rows if r["category"] == "all" and r["drafter"] != "none"]
+    if not overall:
+        return "Only the baseline ran: add --drafters model (with a draft) to see what speculation does here."
+    best = max(overall, key=lambda r: r["speedup"])
+    how = f"--drafter {best['drafter']} -k {best['draft_tokens']}" + (f" --temp {best['temp']:g}" if best["temp"] else "")
+    if best["speedup"] >= PAYS:
+        return (
+            f"Use {how}: {best['speedup']:.2f}x target-only tokens/s on this machine "
+            f"(accept rate {best['accept_rate']:.0%}, {best['mean_accepted']:.2f} tokens per verification)."
+        )
+    k = max(best["draft_tokens"], 1)
+    ceiling = predicted_speedup(curve, 1.0, k) if curve.draft is not None else float("nan")
+    c = f"c = {curve.c:.2f}" if curve.c is not None else "c unknown"
+    return (
+        f"Speculation does not pay here: the best configuration ({how}) runs at {best['speedup']:.2f}x. "
+        f"A draft token costs {c} of a target token and verifying {k + 1} tokens costs "
+        f"{curve.relative(k + 1):.2f}x one, so even a draft accepted every time would reach only {ceiling:.2f}x. "
+        f"Use --drafter none on this machine."
+    )
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from importlib.metadata import version
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "llama_cpp_python": version("llama-cpp-python"),
+    }
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: readers see the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def to_json(doc: dict) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({**r, "per_position_accept": " ".join(str(x) for x in r["per_position_accept"])})
+    return buf.getvalue()
+
+
+def to_svg(rows: list[dict]) -> str:
+    """Speed-up against draft length, one line per temperature, with the target-only level marked."""
+    series: dict[float, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["category"] == "all" and r["drafter"] != "none":
+            series.setdefault(r["temp"], []).append((r["draft_tokens"], r["speedup"]))
+    w, h, m = 560, 340, 50
+    ks = sorted({k for pts in series.values() for k, _ in pts}) or [1]
+    top = max([1.2] + [s for pts in series.values() for _, s in pts]) * 1.1
+    x = lambda k: m + (w - 2 * m) * (ks.index(k) / max(len(ks) - 1, 1))  # noqa: E731
+    y = lambda s: h - m - (h - 2 * m) * s / top  # noqa: E731
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{w}" height="{h}" fill="white"/>',
+        f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">speed-up over target-only vs draft length</text>',
+        f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
+        f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="black"/>',
+        f'<line x1="{m}" y1="{y(1):.1f}" x2="{w - m}" y2="{y(1):.1f}" stroke="gray" stroke-dasharray="4"/>',
+        f'<text x="{w - m + 4}" y="{y(1) + 4:.1f}" fill="gray">1.0x</text>',
+        f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">draft tokens k</text>',
+    ]
+    for k in ks:
+        parts.append(f'<text x="{x(k):.1f}" y="{h - m + 16}" text-anchor="middle">{k}</text>')
+    for i in range(5):
+        s = top * i / 4
+        parts.append(f'<text x="{m - 6}" y="{y(s) + 4:.1f}" text-anchor="end">{s:.2f}</text>')
+    for j, (temp, pts) in enumerate(sorted(series.items())):
+        colour = colours[j % len(colours)]
+        pts = sorted(pts)
+        path = " ".join(f"{x(k):.1f},{y(s):.1f}" for k, s in pts)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        parts += [f'<circle cx="{x(k):.1f}" cy="{y(s):.1f}" r="3" fill="{colour}"/>' for k, s in pts]
+        parts.append(f'<text x="{m + 10}" y="{m + 16 * j}" fill="{colour}">temp {temp:g}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

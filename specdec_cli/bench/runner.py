@@ -1,0 +1,103 @@
+"""The sweep: every configuration over every prompt, each configuration's runs interleaved with the
+baseline's on the same prompt, so that machine drift hits both alike and cancels in the speed-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from ..engine.events import Token
+from ..engine.sampling import Sampler
+from ..engine.stats import Stats
+from ..session import Session
+from .suite import Prompt
+
+
+@dataclass(frozen=True)
+class Config:
+    drafter: str  # "none" (the baseline) | "model"
+    draft_tokens: int  # 0 for the baseline
+    temp: float
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.drafter == "none"
+
+    @property
+    def label(self) -> str:
+        return "none" if self.is_baseline else f"{self.drafter} k={self.draft_tokens}"
+
+
+@dataclass(frozen=True)
+class Run:
+    stats: Stats
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
+class RowResult:
+    config: Config
+    runs: list[Run]  # one per prompt: the median of R runs
+    baseline: list[Run]  # the baseline's runs on the same prompts, interleaved with these
+
+
+def plan(drafters: list[str], draft_tokens: list[int], temps: list[float]) -> list[Config]:
+    """The baseline first in each temperature, then every drafter at every draft length."""
+    configs = []
+    for temp in temps:
+        configs.append(Config("none", 0, temp))
+        configs += [Config(d, k, temp) for d in drafters if d != "none" for k in draft_tokens]
+    return configs
+
+
+def generations(configs: list[Config], prompts: list[Prompt], runs: int) -> int:
+    """How many generations the sweep runs (for the progress bar), warm-ups included."""
+    per_prompt = sum(1 if c.is_baseline else 2 for c in configs) * runs
+    return per_prompt * len(prompts) + len(configs)
+
+
+def sweep(
+    session: Session,
+    prompts: list[Prompt],
+    configs: list[Config],
+    *,
+    max_tokens: int,
+    runs: int,
+    seed: int,
+    sampler: Sampler,
+    tick: Callable[[], None] = lambda: None,
+) -> Iterator[RowResult]:
+    """Yield each configuration's result as soon as it is finished."""
+    encoded = [session.prompt_tokens(p.text) for p in prompts]
+
+    def generate(config: Config, i: int) -> Run:
+        s = Sampler(config.temp, sampler.top_k, sampler.top_p, sampler.min_p)
+        stats, ids = Stats(), []
+        for event in session.generate(
+            encoded[i], drafter=config.drafter, draft_tokens=max(config.draft_tokens, 1),
+            max_tokens=max_tokens, sampler=s, seed=seed + i,
+        ):  # fmt: skip
+            stats.add(event)
+            if isinstance(event, Token):
+                ids.append(event.id)
+        tick()
+        return Run(stats, ids)
+
+    for config in configs:
+        generate(config, 0)  # warm-up: caches, page faults, CPU clocks
+        base_config = Config("none", 0, config.temp)
+        mine, theirs = [], []
+        for i in range(len(prompts)):
+            tries, base_tries = [], []
+            for _ in range(runs):
+                tries.append(generate(config, i))
+                if not config.is_baseline:
+                    base_tries.append(generate(base_config, i))
+            mine.append(_median(tries))
+            theirs.append(_median(base_tries) if base_tries else mine[-1])
+        yield RowResult(config, mine, theirs)
+
+
+def _median(runs: list[Run]) -> Run:
+    ordered = sorted(runs, key=lambda r: r.stats.generation_seconds)
+    return ordered[(len(ordered) - 1) // 2]

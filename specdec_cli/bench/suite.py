@@ -1,0 +1,140 @@
+"""The built-in prompt suite, in the categories the field benchmarks (as Spec-Bench does), and
+loading a user's prompts. Written for specdec; short enough to run on a laptop."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SpecdecError, UsageError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    category: str
+    text: str
+
+
+_CODE = '''def total_price(items, tax):
+    s = 0
+    for it in items:
+        s += it["price"] * it["qty"]
+    return s * (1 + tax)
+'''
+
+_CODE2 = '''class Stack:
+    def __init__(self):
+        self.data = []
+
+    def push(self, x):
+        self.data.append(x)
+
+    def pop(self):
+        return self.data.pop()
+'''
+
+_CODE3 = '''def read_config(path):
+    f = open(path)
+    lines = f.readlines()
+    cfg = {}
+    for line in lines:
+        k, v = line.split("=")
+        cfg[k.strip()] = v.strip()
+    return cfg
+'''
+
+_PASSAGE1 = (
+    "The Great Barrier Reef, off the coast of Queensland, Australia, is the world's largest coral reef "
+    "system. It is made of over 2,900 individual reefs and 900 islands stretching over 2,300 kilometres. "
+    "The reef was selected as a World Heritage Site in 1981. Rising sea temperatures have caused mass coral "
+    "bleaching events in 1998, 2002, 2016, 2017 and 2020, and scientists warn that the reef's long-term "
+    "survival depends on limiting global warming."
+)
+_PASSAGE2 = (
+    "Photosynthesis is the process by which green plants, algae and some bacteria turn light energy into "
+    "chemical energy. Using sunlight, they combine carbon dioxide from the air with water to make glucose, "
+    "releasing oxygen as a by-product. The process takes place mainly in the chloroplasts of leaf cells, "
+    "which contain the green pigment chlorophyll. Almost all life on Earth depends on it, directly or "
+    "indirectly, for food and for the oxygen in the atmosphere."
+)
+_PASSAGE3 = (
+    "The printing press, developed by Johannes Gutenberg around 1440 in Mainz, used movable metal type, "
+    "oil-based ink and a wooden press adapted from wine presses. Books became far cheaper to produce, "
+    "literacy spread across Europe, and ideas travelled faster than ever before. By 1500, printing presses "
+    "in Western Europe had produced more than twenty million volumes."
+)
+
+SUITE: list[Prompt] = [
+    # code generation
+    Prompt("code", "Write a Python function that returns the n-th Fibonacci number iteratively."),
+    Prompt("code", "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces."),
+    Prompt("code", "Write a Python function that merges two sorted lists into one sorted list."),
+    # code editing: the answer mostly repeats the given code
+    Prompt("code-edit", f"Rename the variable `s` to `subtotal` in the code below and return the whole code.\n\n{_CODE}"),
+    Prompt("code-edit", f"Add type hints to every method of this class and return the whole class.\n\n{_CODE2}"),
+    Prompt("code-edit", f"Change this function to open the file with a `with` statement. Return the whole function.\n\n{_CODE3}"),
+    # chat / QA
+    Prompt("chat", "What is the difference between a process and a thread?"),
+    Prompt("chat", "Give me three tips for writing readable code."),
+    Prompt("chat", "Why is the sky blue? Answer in a short paragraph."),
+    # summarisation of a given passage
+    Prompt("summarise", f"Summarise the following passage in two sentences.\n\n{_PASSAGE1}"),
+    Prompt("summarise", f"Summarise the following passage in one sentence.\n\n{_PASSAGE2}"),
+    Prompt("summarise", f"Summarise the following passage in two sentences.\n\n{_PASSAGE3}"),
+    # math reasoning
+    Prompt("math", "A train travels 120 km in 1.5 hours. What is its average speed in km/h? Explain step by step."),
+    Prompt("math", "If 3x + 7 = 22, what is x? Show your steps."),
+    Prompt("math", "A shop sells pens at 3 for $2. How much do 12 pens cost? Reason step by step."),
+    # translation
+    Prompt("translate", "Translate to French: The library opens at nine and closes at six on weekdays."),
+    Prompt("translate", "Translate to German: I would like a table for two people by the window, please."),
+    Prompt("translate", "Translate to Spanish: The meeting was moved to Thursday because the manager is travelling."),
+    # answering from a given passage (retrieval-augmented)
+    Prompt("rag", f"{_PASSAGE1}\n\nUsing only the passage above: in which years did mass bleaching happen?"),
+    Prompt("rag", f"{_PASSAGE2}\n\nUsing only the passage above: where in the plant does photosynthesis mainly happen?"),
+    Prompt("rag", f"{_PASSAGE3}\n\nUsing only the passage above: what did Gutenberg adapt his press from?"),
+]
+CATEGORIES = sorted({p.category for p in SUITE})
+SUITE_NAME = "spec-bench"  # --prompts spec-bench (the default) selects the built-in suite
+
+
+def load(source: str | None, categories: list[str] | None) -> list[Prompt]:
+    """Prompts from the built-in suite or a file (JSONL {"category", "prompt"}, or plain text: one per line)."""
+    if source in (None, SUITE_NAME):
+        prompts = list(SUITE)
+    else:
+        prompts = _from_file(Path(source))
+    if categories:
+        known = sorted({p.category for p in prompts})
+        unknown = [c for c in categories if c not in known]
+        if unknown:
+            raise UsageError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}",
+                             hint=f"categories here: {', '.join(known)}")  # fmt: skip
+        prompts = [p for p in prompts if p.category in categories]
+    return prompts
+
+
+def _from_file(path: Path) -> list[Prompt]:
+    if not path.is_file():
+        raise UsageError(f"--prompts: {path} is neither a file nor the suite name '{SUITE_NAME}'")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecdecError(f"cannot read prompts from {path}: {e}") from None
+    prompts = []
+    jsonl = path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{"))
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if not jsonl:
+            prompts.append(Prompt("file", line.replace("\\n", "\n")))
+            continue
+        try:
+            obj = json.loads(line)
+            prompts.append(Prompt(str(obj.get("category", "file")), str(obj["prompt"])))
+        except (json.JSONDecodeError, KeyError, AttributeError):
+            raise UsageError(f"{path}:{n}: expected a JSON object with a \"prompt\" (and a \"category\")") from None
+    if not prompts:
+        raise UsageError(f"{path} has no prompts")
+    return prompts

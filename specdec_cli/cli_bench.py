@@ -1,0 +1,130 @@
+"""`specdec bench`: sweep drafters, draft lengths and temperatures; measure, predict, recommend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional, TypeVar
+
+import typer
+
+from . import config, ui
+from .cli_common import run_config
+from .bench import costs, report, runner, suite
+from .errors import UsageError
+from .session import MAX_DRAFT_TOKENS, open_session
+
+T = TypeVar("T")
+EXIT_INTERRUPTED = 130
+
+# --- defaults, one per line ---------------------------------------------------------------------
+DRAFT_TOKENS = "2,3,4"  # around llama.cpp's 3; widen it (1,2,4,8) to see the whole curve
+TEMPS = "0"  # greedy: the speed-up question without sampling noise; add 0.7 to see sampling
+MAX_TOKENS = 64  # long enough for steady state, short enough that 21 prompts take a minute per pass
+RUNS = 1  # median of R per prompt; raise it on a noisy machine
+
+
+def _parse_list(value: str, cast: Callable[[str], T], option: str) -> list[T]:
+    try:
+        items = [cast(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{option}: cannot read {value!r} as a comma-separated list") from None
+    if not items:
+        raise UsageError(f"{option} is empty")
+    return list(dict.fromkeys(items))  # keep order, drop repeats
+
+
+def bench(
+    target: Optional[str] = typer.Option(None, "--target", help="Target GGUF (a path or a known model name)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF with the same tokenizer."),
+    pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
+    config_path: Optional[Path] = typer.Option(None, "--config", help="Config file with named pairs."),
+    drafters: Optional[str] = typer.Option(None, "--drafters", help="Comma list of none,model [none + every drafter available]."),
+    draft_tokens: str = typer.Option(DRAFT_TOKENS, "--draft-tokens", help="Comma list of draft lengths k."),
+    temps: str = typer.Option(TEMPS, "--temps", help="Comma list of temperatures (0 = greedy)."),
+    prompts: str = typer.Option(suite.SUITE_NAME, "--prompts", help="The built-in suite, or a JSONL / plain-text file."),
+    categories: Optional[str] = typer.Option(None, "--categories", help=f"Comma list of categories [{','.join(suite.CATEGORIES)}]."),
+    max_tokens: int = typer.Option(MAX_TOKENS, "-n", "--max-tokens", help="Tokens generated per prompt."),
+    runs: int = typer.Option(RUNS, "--runs", help="Runs per prompt and configuration (median), after one warm-up."),
+    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads; 0 means every core this process may use."),
+    seed: int = typer.Option(0, "--seed", help="Base seed for sampled rows (prompt i uses seed + i)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON (after every row)."),
+    csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV row per configuration and category."),
+    plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write an SVG chart of speed-up vs draft length."),
+) -> None:
+    """Measure what pays on this machine: speed-up, acceptance and the cost model, per configuration."""
+    ks = _parse_list(draft_tokens, int, "--draft-tokens")
+    temp_list = _parse_list(temps, float, "--temps")
+    cats = _parse_list(categories, str, "--categories") if categories else None
+    checks = [
+        (all(1 <= k <= MAX_DRAFT_TOKENS for k in ks), f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}"),
+        (all(t >= 0 for t in temp_list), "--temps must be >= 0"),
+        (runs >= 1, f"--runs must be at least 1 (got {runs})"),
+        (max_tokens >= 1, f"-n/--max-tokens must be at least 1 (got {max_tokens})"),
+        (plot_file is None or plot_file.suffix.lower() == ".svg", "--plot writes SVG: give a file ending in .svg"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+    prompt_list = suite.load(prompts, cats)
+
+    settings = config.resolve(dict(target=target, draft=draft), pair, config.config_file(config_path))
+    has_draft = bool(settings.get("draft"))
+    names = _parse_list(drafters, str, "--drafters") if drafters else ["none"] + (["model"] if has_draft else [])
+    for name in names:
+        if name not in ("none", "model"):
+            raise UsageError(f"--drafters: unknown drafter {name!r}", hint="drafters: none, model")
+    if "model" in names and not has_draft:
+        raise UsageError("--drafters model needs a draft model", hint="pass --draft PATH or a --pair with a draft")
+    settings = {**settings, "drafter": "model" if "model" in names else "none", "max_tokens": max_tokens}
+    cfg = run_config(settings, threads=threads, debug=False)
+    configs = runner.plan(names, ks, temp_list)
+
+    rows: list[dict] = []
+    interrupted = False
+    with open_session(cfg) as session:
+        ui.note(f"measuring the cost curve of {cfg.target.name}" + (f" and {cfg.draft.name}" if cfg.draft else ""))
+        curve = costs.measure(
+            session.target_ctx, session.draft_ctx, session.prompt_tokens(prompt_list[0].text), max(costs.CURVE_MAX, max(ks) + 1)
+        )
+        doc = {
+            "machine": {**report.machine(), "threads": cfg.threads},
+            "models": {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None},
+            "cost_curve": curve.as_dict(),
+            "settings": {"max_tokens": max_tokens, "runs": runs, "seed": seed, "prompts": prompts,
+                         "categories": sorted({p.category for p in prompt_list}), "prompt_count": len(prompt_list)},
+            "rows": rows,
+        }  # fmt: skip
+        _write(doc, json_file, csv_file, plot_file)
+        view = ui.BenchView(runner.generations(configs, prompt_list, runs))
+        try:
+            with view:
+                for result in runner.sweep(
+                    session, prompt_list, configs, max_tokens=max_tokens, runs=runs, seed=seed,
+                    sampler=cfg.sampler, tick=view.tick,
+                ):  # fmt: skip
+                    new = report.rows_for(result, prompt_list, curve)
+                    rows += new
+                    _write(doc, json_file, csv_file, plot_file)
+                    view.add(new)
+        except KeyboardInterrupt:
+            interrupted = True
+    doc["recommendation"] = report.recommendation(rows, curve) if rows else "interrupted before any row finished"
+    doc["interrupted"] = interrupted
+    _write(doc, json_file, csv_file, plot_file)
+    header = (
+        f"specdec bench: {cfg.target.name}" + (f" <- {cfg.draft.name}" if cfg.draft else "")
+        + f", {len(prompt_list)} prompts, {max_tokens} tokens each, {cfg.threads} threads, {doc['machine']['cpu']}"
+    )  # fmt: skip
+    ui.show_bench(rows, doc["cost_curve"], doc["recommendation"], header)
+    if interrupted:
+        ui.note("interrupted: every finished row is kept" + (f" in {json_file}" if json_file else ""))
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _write(doc: dict, json_file: Path | None, csv_file: Path | None, plot_file: Path | None) -> None:
+    if json_file:
+        report.write_atomic(json_file, report.to_json(doc))
+    if csv_file:
+        report.write_atomic(csv_file, report.to_csv(doc["rows"]))
+    if plot_file:
+        report.write_atomic(plot_file, report.to_svg(doc["rows"]))
