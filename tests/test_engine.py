@@ -11,6 +11,7 @@ from specdec_cli.engine.detok import Detokenizer
 from specdec_cli.engine.events import Origin, Round, Stopped, Token
 from specdec_cli.engine.kv import Sequence
 from specdec_cli.engine.sampling import Sampler
+from specdec_cli.engine.stats import Stats
 
 PROMPTS = ["hello world", "The quick brown fox", "def f(x):\n    return", "1 2 3 4", "é€ and 😀", "z", "abcabcabc"]
 
@@ -211,3 +212,17 @@ def test_stream_ends_with_stopped(open_pair):
     s = open_pair("draft", max_tokens=5)
     events = list(s.generate(s.prompt_tokens("x")))
     assert isinstance(events[-1], Stopped) and events[-1].reason == "max_tokens"
+
+
+def test_per_token_acceptance_estimate(open_pair):
+    """accepted / (accepted + rejections): every round either accepts all it drafted or ends in one rejection."""
+    s = open_pair("draft", max_tokens=64)
+    events = list(s.generate(s.prompt_tokens("The quick brown fox"), draft_tokens=4))
+    stats = Stats()
+    for e in events:
+        stats.add(e)
+    corrections = sum(isinstance(e, Token) and e.origin == Origin.CORRECTION for e in events)
+    assert stats.rejections == corrections > 0
+    assert stats.rejections <= stats.rounds_with_draft
+    assert stats.per_token_accept == stats.accepted / (stats.accepted + stats.rejections)
+    assert stats.per_token_accept >= stats.accept_rate  # unverified tokens after a rejection are not failures

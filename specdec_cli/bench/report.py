@@ -20,7 +20,7 @@ PAYS = 1.03  # a configuration "pays" from 3% faster than target-only (below tha
 
 COLUMNS = [
     "drafter", "draft_tokens", "temp", "category", "prompts", "generated_tokens", "tokens_per_second",
-    "baseline_tokens_per_second", "speedup", "accept_rate", "mean_accepted", "per_position_accept",
+    "baseline_tokens_per_second", "speedup", "accept_rate", "per_token_accept", "mean_accepted", "per_position_accept",
     "draft_share", "verify_share", "predicted_speedup", "model_gap", "identical_to_baseline",
 ]  # fmt: skip
 
@@ -36,7 +36,9 @@ def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list
         mine = Stats.combine([result.runs[i].stats for i in idx])
         base = Stats.combine([result.baseline[i].stats for i in idx])
         speedup = mine.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
-        predicted = predicted_speedup(curve, mine.accept_rate, cfg.draft_tokens) if curve.draft or cfg.is_baseline else None
+        # The geometric model needs the per-token acceptance, not accepted/drafted (which counts the
+        # draft tokens after a rejection, never checked, as failures too).
+        predicted = predicted_speedup(curve, mine.per_token_accept, cfg.draft_tokens) if curve.draft or cfg.is_baseline else None
         gen = mine.generation_seconds or 1.0
         identical = None
         if cfg.temp == 0:
@@ -54,6 +56,7 @@ def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list
                 "baseline_tokens_per_second": round(base.tokens_per_second, 3),
                 "speedup": round(speedup, 4),
                 "accept_rate": round(mine.accept_rate, 4),
+                "per_token_accept": round(mine.per_token_accept, 4),
                 "mean_accepted": round(mine.mean_accepted, 4),
                 "per_position_accept": [round(x, 4) for x in mine.per_position_accept],
                 "draft_share": round(mine.draft_seconds / gen, 4),

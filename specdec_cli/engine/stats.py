@@ -16,6 +16,7 @@ class Stats:
     accepted: int = 0
     emitted: int = 0  # tokens produced by rounds, an end-of-generation token included
     rounds_with_draft: int = 0
+    rejections: int = 0  # rounds in which the target rejected a draft token (the round ended in a correction)
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: rounds whose draft token i was accepted
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -36,6 +37,7 @@ class Stats:
             self.generation_seconds += event.seconds
             if event.drafted:
                 self.rounds_with_draft += 1
+                self.rejections += event.accepted < event.drafted
                 if len(self.accepted_at) < event.drafted:
                     self.accepted_at += [0] * (event.drafted - len(self.accepted_at))
                 for i in range(event.accepted):
@@ -52,7 +54,7 @@ class Stats:
         total = cls()
         for s in parts:
             for name in ("prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted", "emitted",
-                         "rounds_with_draft", "prefill_seconds", "draft_seconds", "verify_seconds",
+                         "rounds_with_draft", "rejections", "prefill_seconds", "draft_seconds", "verify_seconds",
                          "generation_seconds"):  # fmt: skip
                 setattr(total, name, getattr(total, name) + getattr(s, name))
             if len(total.accepted_at) < len(s.accepted_at):
@@ -64,6 +66,13 @@ class Stats:
     @property
     def accept_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def per_token_accept(self) -> float:
+        """Estimated probability that a draft token is accepted given that the one before it was:
+        each round shows `accepted` successes and, unless it accepted everything, one failure."""
+        n = self.accepted + self.rejections
+        return self.accepted / n if n else 0.0
 
     @property
     def mean_accepted(self) -> float:

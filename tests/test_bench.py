@@ -1,0 +1,153 @@
+"""specdec bench on the tiny fixtures: every configuration runs, files agree, interruption keeps rows."""
+
+from __future__ import annotations
+
+import csv
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from specdec_cli.bench import report, suite
+from specdec_cli.bench.costs import CostCurve, expected_tokens_per_round, predicted_speedup
+from specdec_cli.cli import main
+
+
+def bench(capsys, models, tmp_path, *extra: str) -> tuple[int, dict | None, list[dict], str]:
+    j, c = tmp_path / "b.json", tmp_path / "b.csv"
+    code = main([
+        "bench", "--target", str(models["target"]), "--draft", str(models["draft"]), "-n", "8", "-t", "2",
+        "--json", str(j), "--csv", str(c), *extra,
+    ])  # fmt: skip
+    out, err = capsys.readouterr()
+    doc = json.loads(j.read_text()) if j.exists() else None
+    rows = list(csv.DictReader(c.open())) if c.exists() else []
+    return code, doc, rows, out + err
+
+
+def test_sweep_runs_every_configuration_and_category(capsys, models, tmp_path):
+    code, doc, rows, out = bench(
+        capsys, models, tmp_path, "--draft-tokens", "1,3", "--temps", "0,0.7", "--categories", "code,chat",
+        "--plot", str(tmp_path / "b.svg"),
+    )  # fmt: skip
+    assert code == 0, out
+    got = {(r["drafter"], r["draft_tokens"], r["temp"], r["category"]) for r in doc["rows"]}
+    configs = [("none", 0), ("model", 1), ("model", 3)]
+    assert got == {(d, k, t, c) for d, k in configs for t in (0.0, 0.7) for c in ("all", "code", "chat")}
+    assert all(r["prompts"] == 6 for r in doc["rows"] if r["category"] == "all")
+    assert doc["recommendation"] and "cost curve" in out
+    assert set(doc) >= {"machine", "models", "cost_curve", "rows"}
+    assert set(doc["cost_curve"]["target_seconds"]) == {str(n) for n in range(1, 17)}
+    ET.parse(tmp_path / "b.svg")  # a well-formed SVG
+
+
+def test_baseline_speedup_is_one_and_greedy_rows_match_it(capsys, models, tmp_path):
+    code, doc, _, _ = bench(capsys, models, tmp_path, "--draft-tokens", "2", "--categories", "math")
+    assert code == 0
+    for r in doc["rows"]:
+        if r["drafter"] == "none":
+            assert r["speedup"] == 1.0 and r["predicted_speedup"] == 1.0
+        assert r["identical_to_baseline"] == 1.0  # F32 fixtures: speculation is exact
+        assert 0 < r["draft_share"] + r["verify_share"] <= 1
+    model = next(r for r in doc["rows"] if r["drafter"] == "model" and r["category"] == "all")
+    assert 0 < model["accept_rate"] <= 1 and len(model["per_position_accept"]) == 2
+
+
+def test_json_and_csv_agree(capsys, models, tmp_path):
+    code, doc, rows, _ = bench(capsys, models, tmp_path, "--draft-tokens", "1,2", "--categories", "rag")
+    assert code == 0 and len(rows) == len(doc["rows"])
+    for a, b in zip(doc["rows"], rows):
+        assert b["drafter"] == a["drafter"] and int(b["draft_tokens"]) == a["draft_tokens"]
+        assert b["category"] == a["category"] and float(b["temp"]) == a["temp"]
+        for key in ("tokens_per_second", "speedup", "accept_rate", "mean_accepted", "predicted_speedup"):
+            assert float(b[key]) == pytest.approx(a[key]), key
+        assert [float(x) for x in b["per_position_accept"].split()] == a["per_position_accept"]
+
+
+def test_interruption_keeps_finished_rows(capsys, models, tmp_path, monkeypatch):
+    real = report.rows_for
+    calls = []
+
+    def interrupt_on_second_row(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(report, "rows_for", interrupt_on_second_row)
+    code, doc, rows, out = bench(capsys, models, tmp_path, "--draft-tokens", "1,2", "--categories", "code")
+    assert code == 130
+    assert doc["interrupted"] is True
+    assert {(r["drafter"], r["category"]) for r in doc["rows"]} == {("none", "all"), ("none", "code")}
+    assert len(rows) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.csv", "b.json"]  # no temporary files left
+
+
+def test_expected_tokens_per_round():
+    assert expected_tokens_per_round(0.0, 4) == 1.0
+    assert expected_tokens_per_round(1.0, 4) == 5.0
+    assert expected_tokens_per_round(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens_per_round(0.9, 0) == 1.0
+
+
+def test_predicted_speedup_arithmetic():
+    curve = CostCurve({1: 0.030, 2: 0.050, 3: 0.070, 4: 0.087}, draft=0.006)
+    # E = (1 - 0.8^4) / 0.2 = 2.952; cost = 3 * 6 ms + 87 ms = 105 ms; 2.952 * 30 / 105 = 0.8434
+    assert predicted_speedup(curve, 0.8, 3) == pytest.approx(2.952 * 0.030 / 0.105)
+    assert predicted_speedup(curve, 0.8, 0) == 1.0
+    assert curve.c == pytest.approx(0.2) and curve.relative(4) == pytest.approx(2.9)
+
+
+def _row(drafter, k, speedup, temp=0.0):
+    return {"drafter": drafter, "draft_tokens": k, "temp": temp, "category": "all", "speedup": speedup,
+            "accept_rate": 0.9, "mean_accepted": 3.1}  # fmt: skip
+
+
+def test_recommendation_names_the_best_configuration_or_says_why_not():
+    cheap = CostCurve({n: 0.03 * (1 + 0.05 * (n - 1)) for n in range(1, 17)}, draft=0.003)
+    text = report.recommendation([_row("none", 0, 1.0), _row("model", 2, 1.2), _row("model", 4, 1.4)], cheap)
+    assert text.startswith("Use --drafter model -k 4: 1.40x")
+    costly = CostCurve({1: 0.028, 2: 0.05, 3: 0.069, 4: 0.081, 5: 0.1}, draft=0.016)
+    text = report.recommendation([_row("none", 0, 1.0), _row("model", 3, 0.75)], costly)
+    assert text.startswith("Speculation does not pay here") and "c = 0.57" in text and "2.89x" in text
+    assert "--drafter none" in text
+
+
+def test_builtin_suite_covers_the_spec_bench_categories():
+    cats = {p.category for p in suite.SUITE}
+    assert cats == {"code", "code-edit", "chat", "summarise", "math", "translate", "rag"}
+    assert all(sum(p.category == c for p in suite.SUITE) >= 3 for c in cats)
+
+
+def test_prompts_from_jsonl_and_plain_text(tmp_path):
+    j = tmp_path / "p.jsonl"
+    j.write_text('{"category": "a", "prompt": "one"}\n\n{"category": "b", "prompt": "two\\nlines"}\n')
+    assert [(p.category, p.text) for p in suite.load(str(j), None)] == [("a", "one"), ("b", "two\nlines")]
+    assert [p.text for p in suite.load(str(j), ["b"])] == ["two\nlines"]
+    t = tmp_path / "p.txt"
+    t.write_text("first prompt\nsecond\n")
+    assert [(p.category, p.text) for p in suite.load(str(t), None)] == [("file", "first prompt"), ("file", "second")]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--draft-tokens", "0"], "--draft-tokens must be between 1 and 63"),
+        (["--draft-tokens", "a,b"], "--draft-tokens: cannot read 'a,b'"),
+        (["--temps", "-1"], "--temps must be >= 0"),
+        (["--runs", "0"], "--runs must be at least 1"),
+        (["--plot", "chart.png"], "--plot writes SVG"),
+        (["--drafters", "magic"], "unknown drafter 'magic'"),
+        (["--categories", "poetry"], "unknown category poetry"),
+        (["--prompts", "missing.jsonl"], "is neither a file nor the suite name"),
+    ],
+)
+def test_bad_options_are_clean_errors(capsys, models, args, message):
+    code = main(["bench", "--target", str(models["target"]), "--draft", str(models["draft"]), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err.splitlines()[0], err
+
+
+def test_model_drafter_needs_a_draft(capsys, models):
+    code = main(["bench", "--target", str(models["target"]), "--drafters", "none,model"])
+    assert code == 2 and "--drafters model needs a draft model" in capsys.readouterr().err
