@@ -11,7 +11,8 @@ from ..backend.native import Context
 from ..engine.kv import Sequence
 
 CURVE_MAX = 16  # the verify-cost curve is measured for n = 1..16 (more if a row drafts longer)
-REPEATS = 3  # median of 3 decodes per point: enough on a quiet machine, cheap enough (~5 s in all)
+REPEATS = 5  # median of 5 decodes per point: steady on a shared machine, cheap enough (~12 s in all)
+WARMUP_SECONDS = 3.0  # decode before timing anything: right after loading, decodes run ~10% slow for a while
 CONTEXT = 64  # decode after this many tokens of context, so attention costs what it does in use
 
 
@@ -60,24 +61,35 @@ def measure(target: Context, draft: Context | None, tokens: list[int], max_n: in
     prefix, batch = filler[:CONTEXT], filler[CONTEXT:]
     seq = Sequence.empty(target)
     seq.append(prefix)
-    curve = {}
-    for n in range(1, max_n + 1):
-        curve[n] = _median_time(lambda: seq.append(batch[:n], outputs="all"), lambda: seq.rollback(CONTEXT))
-    draft_cost = None
+    dseq = None
     if draft is not None:
         dseq = Sequence.empty(draft)
         dseq.append(prefix)
-        draft_cost = _median_time(lambda: dseq.append(batch[:1]), lambda: dseq.rollback(CONTEXT), repeats=3 * REPEATS)
-        dseq.rollback(0)
+    # Warm up first: the first decodes after loading page the weights in and would inflate t(1).
+    start = time.perf_counter()
+    while time.perf_counter() - start < WARMUP_SECONDS:
+        _timed(lambda: seq.append(batch[:4], outputs="all"), lambda: seq.rollback(CONTEXT))
+        if dseq is not None:
+            _timed(lambda: dseq.append(batch[:1]), lambda: dseq.rollback(CONTEXT))
+    # Whole passes over n rather than n after n, so that drift on a shared machine spreads evenly.
+    samples: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
+    draft_samples: list[float] = []
+    for _ in range(REPEATS):
+        for n in samples:
+            samples[n].append(_timed(lambda: seq.append(batch[:n], outputs="all"), lambda: seq.rollback(CONTEXT)))
+        if dseq is not None:
+            for _ in range(3):
+                draft_samples.append(_timed(lambda: dseq.append(batch[:1]), lambda: dseq.rollback(CONTEXT)))
     seq.rollback(0)
-    return CostCurve(curve, draft_cost)
+    if dseq is not None:
+        dseq.rollback(0)
+    curve = {n: statistics.median(t) for n, t in samples.items()}
+    return CostCurve(curve, statistics.median(draft_samples) if draft_samples else None)
 
 
-def _median_time(run, undo, repeats: int = REPEATS) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-        undo()
-    return statistics.median(times)
+def _timed(run, undo) -> float:
+    t0 = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - t0
+    undo()
+    return seconds
