@@ -240,7 +240,7 @@ def show_bench(rows: list[dict], curve_dict: dict, recommendation: str, header: 
     c = curve_dict["c"]
     out.print(
         "cost curve: one target decode of n tokens costs, relative to n = 1 "
-        f"({float(curve_dict['target_seconds']['1']) * 1000:.1f} ms):"
+        f"({curve_dict['plain_seconds_per_token'] * 1000:.1f} ms, plain decoding):"
     )
     out.print("  " + "  ".join(f"{n}:{v:.2f}" for n, v in rel.items()))
     if c is not None:

@@ -151,3 +151,12 @@ def test_bad_options_are_clean_errors(capsys, models, args, message):
 def test_model_drafter_needs_a_draft(capsys, models):
     code = main(["bench", "--target", str(models["target"]), "--drafters", "none,model"])
     assert code == 2 and "--drafters model needs a draft model" in capsys.readouterr().err
+
+
+def test_predicted_speedup_counts_the_drafts_catch_up_and_plain_cost():
+    curve = CostCurve({1: 0.030, 2: 0.050, 3: 0.070, 4: 0.087}, draft=0.006, plain=0.028, draft_catch_up=0.010)
+    # After a fully accepted round (probability a^k) the draft feeds 2 tokens: +4 ms with probability 0.8^3.
+    draft_round = 3 * 0.006 + 0.8**3 * 0.004
+    assert curve.draft_round(0.8, 3) == pytest.approx(draft_round)
+    assert predicted_speedup(curve, 0.8, 3) == pytest.approx(2.952 * 0.028 / (draft_round + 0.087))
+    assert curve.c == pytest.approx(0.006 / 0.028)

@@ -81,12 +81,12 @@ def recommendation(rows: list[dict], curve: CostCurve) -> str:
             f"(accept rate {best['accept_rate']:.0%}, {best['mean_accepted']:.2f} tokens per verification)."
         )
     k = max(best["draft_tokens"], 1)
-    ceiling = predicted_speedup(curve, 1.0, k) if curve.draft is not None else float("nan")
+    ceiling = max(predicted_speedup(curve, 1.0, j) for j in range(1, len(curve.target))) if curve.draft else float("nan")
     c = f"c = {curve.c:.2f}" if curve.c is not None else "c unknown"
     return (
         f"Speculation does not pay here: the best configuration ({how}) runs at {best['speedup']:.2f}x. "
         f"A draft token costs {c} of a target token and verifying {k + 1} tokens costs "
-        f"{curve.relative(k + 1):.2f}x one, so even a draft accepted every time would reach only {ceiling:.2f}x. "
+        f"{curve.relative(k + 1):.2f}x one, so even a draft accepted every time would reach at most {ceiling:.2f}x. "
         f"Use --drafter none on this machine."
     )
 
