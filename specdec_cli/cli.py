@@ -95,34 +95,15 @@ def generate(
         tokens = session.prompt_tokens(text)
         live = not json_out and ui.live_terminal()
         stream = None if json_out else ui.TokenStream(live)
-        stats, ids, pieces = Stats(), [], []
-        interrupted = False
         if stream:
             stream.start()
-        events = session.generate(tokens)
-        try:
-            for event in events:
-                stats.add(event)
-                if isinstance(event, Token):
-                    ids.append(event.id)
-                    pieces.append(event.text)
-                    if stream:
-                        stream.token(event)
-                elif isinstance(event, Stopped):
-                    pieces.append(event.tail)
-                    if stream:
-                        stream.text(event.tail)
-        except KeyboardInterrupt:
-            interrupted = True  # the engine's finally has already rolled the caches back
-        finally:
-            events.close()
+        stats, ids, text, interrupted = _consume(session.generate(tokens), stream)
         if stream:
             stream.end()
-        stats.stop_reason = "interrupted" if interrupted else stats.stop_reason
         if json_out:
             ui.print_json(
                 {
-                    "text": "".join(pieces),
+                    "text": text,
                     "tokens": ids,
                     "stop_reason": stats.stop_reason,
                     "stats": {**stats.as_dict(), "load_seconds": round(session.load_seconds, 4)},
@@ -134,6 +115,30 @@ def generate(
             ui.show_stats(stats, title, live)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _consume(events, stream: ui.TokenStream | None) -> tuple[Stats, list[int], str, bool]:
+    """Fold the engine's events into statistics, token ids and text, streaming them if asked.
+    Ctrl-C ends it early; the statistics so far stand (the engine rolled its caches back)."""
+    stats, ids, pieces = Stats(), [], []
+    try:
+        for event in events:
+            stats.add(event)
+            if isinstance(event, Token):
+                ids.append(event.id)
+                pieces.append(event.text)
+                if stream:
+                    stream.token(event)
+            elif isinstance(event, Stopped):
+                pieces.append(event.tail)
+                if stream:
+                    stream.text(event.tail)
+    except KeyboardInterrupt:
+        stats.stop_reason = "interrupted"
+        return stats, ids, "".join(pieces), True
+    finally:
+        events.close()
+    return stats, ids, "".join(pieces), False
 
 
 def _read_prompt(prompt: str | None) -> str:
