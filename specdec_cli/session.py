@@ -101,10 +101,14 @@ class Session:
         t0 = time.perf_counter()
         self.target = stack.enter_context(Model(cfg.target))
         self.draft = stack.enter_context(Model(cfg.draft)) if cfg.drafter == "model" else None
+        # Speculation rolls both caches back after every rejection; plain decoding never does.
         for role, m in (("target", self.target), ("draft", self.draft)):
-            problem = m and m.rollback_problem()
+            problem = self.draft is not None and m.rollback_problem()
             if problem:
-                raise SpecdecError(f"{role} {m.name} cannot be used: {problem}")
+                raise SpecdecError(
+                    f"{role} {m.name} cannot be used for speculative decoding: {problem}",
+                    hint="use --drafter none to decode it without speculation",
+                )
         if self.draft is not None:
             why = vocab.incompatibility(self.target, self.draft)
             if why:

@@ -123,6 +123,13 @@ def test_vocab_mismatch_says_what_differs(capsys, models):
     assert "token " in one_line_error(err) and "differs" in err
 
 
+def test_recurrent_model_is_refused_for_speculation_but_decodes_plainly(capsys, models):
+    code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["recurrent"]), "--draft", str(models["recurrent"]))
+    assert code == 1 and "it is a recurrent model, whose state cannot be rolled back" in one_line_error(err)
+    code, out, _ = specdec(capsys, "generate", "hi", "--target", str(models["recurrent"]), "-n", "5", "--json")
+    assert code == 0 and json.loads(out)["stats"]["generated_tokens"] == 5
+
+
 def test_prompt_longer_than_context(capsys, models):
     code, _, err = specdec(capsys, "generate", "x" * 600, "--target", str(models["target"]), "-c", "256")
     assert code == 2 and "the prompt has 601 tokens but the context holds 256" in one_line_error(err)

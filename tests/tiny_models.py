@@ -83,16 +83,7 @@ def write_model(path: Path, weights: dict[str, np.ndarray], tokens: list[str], c
     w.add_rope_dimension_count(N_EMBD // N_HEAD)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(0)  # all F32
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types([TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * (len(tokens) - 3))
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
+    _add_byte_tokenizer(w, tokens)
     if chat_template:
         w.add_chat_template(chat_template)
     for name, a in weights.items():
@@ -104,9 +95,61 @@ def write_model(path: Path, weights: dict[str, np.ndarray], tokens: list[str], c
     return path
 
 
+def write_recurrent(path: Path) -> Path:
+    """A one-layer Mamba model: its state cannot be rolled back to an earlier token."""
+    tokens = byte_vocab()
+    v, e, inner, state, conv, rank = len(tokens), 32, 64, 8, 4, 4
+    rng = np.random.default_rng(0)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    g = GGUFWriter(str(path), "mamba")
+    g.add_context_length(512)
+    g.add_embedding_length(e)
+    g.add_block_count(1)
+    g.add_feed_forward_length(0)
+    g.add_head_count(0)
+    g.add_ssm_conv_kernel(conv)
+    g.add_ssm_inner_size(inner)
+    g.add_ssm_state_size(state)
+    g.add_ssm_time_step_rank(rank)
+    g.add_layer_norm_rms_eps(1e-5)
+    g.add_file_type(0)
+    _add_byte_tokenizer(g, tokens)
+    weights = {
+        "token_embd.weight": w(v, e), "output_norm.weight": np.ones(e, np.float32), "output.weight": w(v, e),
+        "blk.0.attn_norm.weight": np.ones(e, np.float32), "blk.0.ssm_in.weight": w(2 * inner, e),
+        "blk.0.ssm_conv1d.weight": w(inner, conv), "blk.0.ssm_conv1d.bias": w(inner),
+        "blk.0.ssm_x.weight": w(rank + 2 * state, inner), "blk.0.ssm_dt.weight": w(inner, rank),
+        "blk.0.ssm_dt.bias": w(inner), "blk.0.ssm_a": w(inner, state), "blk.0.ssm_d": w(inner),
+        "blk.0.ssm_out.weight": w(e, inner),
+    }  # fmt: skip
+    for name, a in weights.items():
+        g.add_tensor(name, a)
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+    return path
+
+
+def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str]) -> None:
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types([TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * (len(tokens) - 3))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+
+
 def write_fixture_set(folder: Path) -> dict[str, Path]:
     """target, draft (noisy: partial acceptance), same (identical copy: full acceptance),
-    other_vocab (incompatible), chat (target weights with a ChatML template)."""
+    other_vocab (incompatible), chat (target weights with a ChatML template), recurrent (Mamba)."""
     vocab = byte_vocab()
     base = random_weights(seed=1234, n_vocab=len(vocab))
     return {
@@ -115,4 +158,5 @@ def write_fixture_set(folder: Path) -> dict[str, Path]:
         "same": write_model(folder / "same.gguf", base, vocab),
         "other_vocab": write_model(folder / "other_vocab.gguf", base, byte_vocab(shuffle_seed=7)),
         "chat": write_model(folder / "chat.gguf", base, vocab, chat_template=CHATML),
+        "recurrent": write_recurrent(folder / "recurrent.gguf"),
     }
