@@ -9,8 +9,18 @@ import json
 import os
 import sys
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -123,8 +133,6 @@ class byte_progress:
     """`with byte_progress("assembling x", total) as advance: advance(n)`: a progress bar with ETA on stderr."""
 
     def __init__(self, label: str, total: int):
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
             TimeRemainingColumn(), console=_err, transient=False,
@@ -189,10 +197,6 @@ class BenchView:
     """While a bench runs: a progress bar with ETA and the table filling in, on stderr."""
 
     def __init__(self, total: int):
-        from rich.console import Group
-        from rich.live import Live
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         self.rows: list[dict] = []
         self.live_mode = _err.is_terminal
         self._progress = Progress(
@@ -200,7 +204,6 @@ class BenchView:
             TimeRemainingColumn(), console=_err,
         )  # fmt: skip
         self._task = self._progress.add_task("bench", total=total)
-        self._group = Group
         self._live = Live(console=_err, refresh_per_second=4, transient=True) if self.live_mode else None
 
     def __enter__(self) -> BenchView:
@@ -214,7 +217,7 @@ class BenchView:
             self._live.stop()
 
     def _render(self):
-        return self._group(self._progress.get_renderable(), _bench_table(self.rows))
+        return Group(self._progress.get_renderable(), _bench_table(self.rows))
 
     def tick(self) -> None:
         self._progress.advance(self._task)
@@ -267,8 +270,8 @@ def show_bench(rows: list[dict], curve_dict: dict, recommendation: str, header: 
     for r in gaps:
         out.print(
             f"note: {r['drafter']} k={r['draft_tokens']} temp {r['temp']:g}: measured {r['speedup']:.2f}x but the cost "
-            f"model predicts {r['predicted_speedup']:.2f}x (more than 10% apart: the machine was busy, or the "
-            "acceptance is far from independent per token)",
+            f"model predicts {r['predicted_speedup']:.2f}x (more than 10% apart: the machine was busy, acceptance "
+            "is far from independent per token, or fixed per-round costs dominate, as with tiny models)",
             style="yellow",
         )
     out.print(Text(recommendation, style="bold"))
