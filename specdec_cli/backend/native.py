@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+import llama_cpp.llama_cpp as L
+
 from ..errors import SpecdecError
 from . import gguf_file
-
-import llama_cpp.llama_cpp as L  # noqa: E402  (after our imports: it loads the shared library)
 
 # llama.cpp logs every load step to stderr; we keep the recent lines to explain failures instead.
 _LOG_LINES: deque[str] = deque(maxlen=40)
@@ -132,9 +132,6 @@ class Model:
 
     def is_eog(self, token: int) -> bool:
         return bool(L.llama_vocab_is_eog(self.vocab, token))
-
-    def token_text(self, token: int) -> bytes:
-        return L.llama_vocab_get_text(self.vocab, token) or b""
 
     def apply_chat_template(self, messages: list[tuple[str, str]]) -> str:
         """Render (role, content) messages with the model's own template, ready for the reply."""
