@@ -86,13 +86,7 @@ def write_model(path: Path, weights: dict[str, np.ndarray], tokens: list[str], c
     _add_byte_tokenizer(w, tokens)
     if chat_template:
         w.add_chat_template(chat_template)
-    for name, a in weights.items():
-        w.add_tensor(name, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _finish(w, weights, path)
 
 
 def write_recurrent(path: Path) -> Path:
@@ -125,12 +119,16 @@ def write_recurrent(path: Path) -> Path:
         "blk.0.ssm_dt.bias": w(inner), "blk.0.ssm_a": w(inner, state), "blk.0.ssm_d": w(inner),
         "blk.0.ssm_out.weight": w(e, inner),
     }  # fmt: skip
+    return _finish(g, weights, path)
+
+
+def _finish(w: GGUFWriter, weights: dict[str, np.ndarray], path: Path) -> Path:
     for name, a in weights.items():
-        g.add_tensor(name, a)
-    g.write_header_to_file()
-    g.write_kv_data_to_file()
-    g.write_tensors_to_file()
-    g.close()
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return path
 
 
