@@ -200,7 +200,7 @@ class Context:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def decode(self, tokens: list[int], pos0: int, seq_ids: list[list[int]] | int, outputs: str) -> np.ndarray:
+    def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str) -> np.ndarray:
         """Decode `tokens` at positions pos0.. and return their logits rows, shape (n_out, n_vocab).
 
         outputs: "last" (one row) or "all" (a row per token). The rows are a view into llama.cpp's
@@ -209,7 +209,7 @@ class Context:
         n = len(tokens)
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
-        self._batch.fill(tokens, pos0, seq_ids, outputs == "all")
+        self._batch.fill(tokens, pos0, seq_id, outputs == "all")
         t0 = time.perf_counter()
         rc = L.llama_decode(self._ptr, self._batch.raw)
         self.decode_seconds += time.perf_counter() - t0
@@ -243,17 +243,15 @@ class Batch:
         self.raw = L.llama_batch_init(capacity, 0, n_seq)
         self._live = True
 
-    def fill(self, tokens: list[int], pos0: int, seq_ids: list[list[int]] | int, all_logits: bool) -> None:
+    def fill(self, tokens: list[int], pos0: int, seq_id: int, all_logits: bool) -> None:
         b = self.raw
         n = len(tokens)
         b.n_tokens = n
         for i, t in enumerate(tokens):
             b.token[i] = t
             b.pos[i] = pos0 + i
-            ids = [seq_ids] if isinstance(seq_ids, int) else seq_ids[i]
-            b.n_seq_id[i] = len(ids)
-            for j, s in enumerate(ids):
-                b.seq_id[i][j] = s
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_id
             b.logits[i] = all_logits
         b.logits[n - 1] = True
 
