@@ -18,7 +18,7 @@ from .errors import SpecdecError, UsageError
 from .cli_bench import bench
 from .cli_common import run_config
 from .cli_models import app as models_app
-from .session import CTX_SIZE, DRAFT_TOKENS, MAX_TOKENS, open_session
+from .session import AUTO_K_MAX, CTX_SIZE, DRAFT_TOKENS, MAX_TOKENS, open_session
 
 app = typer.Typer(
     name="specdec",
@@ -35,7 +35,9 @@ EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
 
 class DrafterName(str, Enum):
+    auto = "auto"
     model = "model"
+    lookup = "lookup"
     none = "none"
 
 
@@ -60,13 +62,22 @@ def generate(
     ),
     draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF: a small model with the same tokenizer."),
     drafter: Optional[DrafterName] = typer.Option(
-        None, "--drafter", help="Who drafts: 'model' (default with a draft) or 'none' (target-only)."
+        None, "--drafter",
+        help="Who drafts: 'auto' (default with a draft: each round plain, lookup or the model, whichever pays), "
+        "'model' (the draft model), 'lookup' (copy from the prompt and text so far) or 'none' (target-only).",
     ),
     pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
     config_path: Optional[Path] = typer.Option(
         None, "--config", help="Config file (default: $SPECDEC_CONFIG, else the user config)."
     ),
-    draft_tokens: Optional[int] = typer.Option(None, "-k", "--draft-tokens", help=f"Tokens drafted per round [{DRAFT_TOKENS}]."),
+    draft_tokens: Optional[str] = typer.Option(
+        None, "-k", "--draft-tokens",
+        help=f"Tokens drafted per round, or 'auto' to choose every round (up to {AUTO_K_MAX}) "
+        f"[auto with --drafter auto, else {DRAFT_TOKENS}].",
+    ),
+    p_min: Optional[float] = typer.Option(
+        None, "--p-min", help="Draft model: stop drafting when its probability for its own token is below this [0: off]."
+    ),
     max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help=f"Stop after this many tokens [{MAX_TOKENS}]."),
     temp: Optional[float] = typer.Option(None, "--temp", help="Sampling temperature; 0 is greedy [0]."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the k most likely tokens; 0 is off [0]."),
@@ -85,7 +96,7 @@ def generate(
     """Generate text from PROMPT with speculative decoding."""
     given = dict(
         target=target, draft=draft, drafter=drafter.value if drafter else None, draft_tokens=draft_tokens,
-        max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, ctx_size=ctx_size,
+        p_min=p_min, max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, ctx_size=ctx_size,
         chat=chat, system=system,
     )  # fmt: skip
     settings = config.resolve(given, pair, config.config_file(config_path))
@@ -111,7 +122,8 @@ def generate(
                 }
             )
         else:
-            title = f"specdec · {cfg.drafter}" + (f" · k={cfg.draft_tokens}" if cfg.drafter == "model" else "")
+            k = "auto" if cfg.draft_tokens is None else cfg.draft_tokens
+            title = f"specdec · {cfg.drafter}" + (f" · k={k}" if cfg.drafter != "none" else "")
             ui.show_stats(stats, title, live)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)

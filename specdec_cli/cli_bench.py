@@ -11,16 +11,20 @@ from . import config, ui
 from .cli_common import run_config
 from .bench import costs, report, runner, suite
 from .errors import UsageError
-from .session import MAX_DRAFT_TOKENS, open_session
+from .session import DRAFTERS, MAX_DRAFT_TOKENS, open_session
 
 T = TypeVar("T")
 EXIT_INTERRUPTED = 130
 
 # --- defaults, one per line ---------------------------------------------------------------------
-DRAFT_TOKENS = "2,3,4"  # around llama.cpp's 3; widen it (1,2,4,8) to see the whole curve
+DRAFT_TOKENS = "2,3,4"  # fixed lengths for model and lookup around llama.cpp's 3; add 8,15 or auto to see more
 TEMPS = "0"  # greedy: the speed-up question without sampling noise; add 0.7 to see sampling
 MAX_TOKENS = 64  # long enough for steady state, short enough that 21 prompts take a minute per pass
 RUNS = 1  # median of R per prompt; raise it on a noisy machine
+
+
+def _draft_length(value: str) -> int | None:
+    return None if value.lower() == "auto" else int(value)
 
 
 def _parse_list(value: str, cast: Callable[[str], T], option: str) -> list[T]:
@@ -38,8 +42,12 @@ def bench(
     draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF with the same tokenizer."),
     pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
     config_path: Optional[Path] = typer.Option(None, "--config", help="Config file with named pairs."),
-    drafters: Optional[str] = typer.Option(None, "--drafters", help="Comma list of none,model [none + every drafter available]."),
-    draft_tokens: str = typer.Option(DRAFT_TOKENS, "--draft-tokens", help="Comma list of draft lengths k."),
+    drafters: Optional[str] = typer.Option(
+        None, "--drafters", help="Comma list of none,model,lookup,auto [all of them; model only with a draft]."
+    ),
+    draft_tokens: str = typer.Option(
+        DRAFT_TOKENS, "--draft-tokens", help="Comma list of draft lengths k for model and lookup ('auto' too); auto chooses its own."
+    ),
     temps: str = typer.Option(TEMPS, "--temps", help="Comma list of temperatures (0 = greedy)."),
     prompts: str = typer.Option(suite.SUITE_NAME, "--prompts", help="The built-in suite, or a JSONL / plain-text file."),
     categories: Optional[str] = typer.Option(None, "--categories", help=f"Comma list of categories [{','.join(suite.CATEGORIES)}]."),
@@ -52,11 +60,11 @@ def bench(
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write an SVG chart of speed-up vs draft length."),
 ) -> None:
     """Measure what pays on this machine: speed-up, acceptance and the cost model, per configuration."""
-    ks = _parse_list(draft_tokens, int, "--draft-tokens")
+    ks = _parse_list(draft_tokens, _draft_length, "--draft-tokens")
     temp_list = _parse_list(temps, float, "--temps")
     cats = _parse_list(categories, str, "--categories") if categories else None
     checks = [
-        (all(1 <= k <= MAX_DRAFT_TOKENS for k in ks), f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}"),
+        (all(k is None or 1 <= k <= MAX_DRAFT_TOKENS for k in ks), f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, or auto"),
         (all(t >= 0 for t in temp_list), "--temps must be >= 0"),
         (runs >= 1, f"--runs must be at least 1 (got {runs})"),
         (max_tokens >= 1, f"-n/--max-tokens must be at least 1 (got {max_tokens})"),
@@ -69,13 +77,16 @@ def bench(
 
     settings = config.resolve(dict(target=target, draft=draft), pair, config.config_file(config_path))
     has_draft = bool(settings.get("draft"))
-    names = _parse_list(drafters, str, "--drafters") if drafters else ["none"] + (["model"] if has_draft else [])
+    names = _parse_list(drafters, str, "--drafters") if drafters else ["none"] + (["model"] if has_draft else []) + ["lookup", "auto"]
     for name in names:
-        if name not in ("none", "model"):
-            raise UsageError(f"--drafters: unknown drafter {name!r}", hint="drafters: none, model")
+        if name not in DRAFTERS:
+            raise UsageError(f"--drafters: unknown drafter {name!r}", hint=f"drafters: {', '.join(DRAFTERS)}")
     if "model" in names and not has_draft:
         raise UsageError("--drafters model needs a draft model", hint="pass --draft PATH or a --pair with a draft")
-    settings = {**settings, "drafter": "model" if "model" in names else "none", "max_tokens": max_tokens}
+    # One session serves every row: load the draft if a row may use it; rows pick their drafter.
+    uses_model = has_draft and bool({"model", "auto"} & set(names))
+    speculates = set(names) != {"none"}
+    settings = {**settings, "drafter": "auto" if uses_model else ("lookup" if speculates else "none"), "max_tokens": max_tokens}
     cfg = run_config(settings, threads=threads, debug=False)
     configs = runner.plan(names, ks, temp_list)
 
@@ -84,7 +95,8 @@ def bench(
     with open_session(cfg) as session:
         ui.note(f"measuring the cost curve of {cfg.target.name}" + (f" and {cfg.draft.name}" if cfg.draft else ""))
         curve = costs.measure(
-            session.target_ctx, session.draft_ctx, session.prompt_tokens(prompt_list[0].text), max(costs.CURVE_MAX, max(ks) + 1)
+            session.target_ctx, session.draft_ctx, session.prompt_tokens(prompt_list[0].text),
+            max([costs.CURVE_MAX] + [k + 1 for k in ks if k is not None]),
         )
         doc = {
             "machine": {**report.machine(), "threads": cfg.threads},

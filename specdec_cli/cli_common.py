@@ -7,7 +7,8 @@ from pathlib import Path
 from . import ui
 from .models import store
 from .models.catalog import KNOWN
-from .session import RunConfig, default_threads
+from .errors import UsageError
+from .session import DRAFT_TOKENS, RunConfig, default_threads
 
 
 def model_file(ref: str) -> Path:
@@ -22,10 +23,26 @@ def _bar(model):
 
 
 def run_config(settings: dict, *, threads: int, debug: bool) -> RunConfig:
-    """Settings (from config.resolve) to a validated RunConfig; known model names become assembled paths."""
+    """Settings (from config.resolve) to a validated RunConfig; known model names become assembled paths.
+    With a draft the drafter defaults to auto, and auto's draft length to auto."""
     fields = {k: v for k, v in settings.items() if k in RunConfig.__dataclass_fields__}
     fields["target"] = model_file(settings["target"])
     draft = settings.get("draft")
-    fields["drafter"] = settings.get("drafter") or ("model" if draft else "none")
-    fields["draft"] = model_file(draft) if draft and fields["drafter"] == "model" else None
+    fields["drafter"] = drafter = settings.get("drafter") or ("auto" if draft else "none")
+    fields["draft"] = model_file(draft) if draft and drafter in ("model", "auto") else None
+    fields["draft_tokens"] = draft_tokens(settings.get("draft_tokens"), drafter)
     return RunConfig(**fields, threads=threads or default_threads(), debug=debug)
+
+
+def draft_tokens(value: int | str | None, drafter: str) -> int | None:
+    """-k as given ("auto" is None); unset, it is auto for the auto drafter and DRAFT_TOKENS otherwise."""
+    if value is None:
+        return None if drafter == "auto" else DRAFT_TOKENS
+    if isinstance(value, int):
+        return value
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"-k/--draft-tokens must be a whole number or 'auto' (got {value!r})") from None

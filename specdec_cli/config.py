@@ -25,7 +25,8 @@ PAIR_KEYS: dict[str, type | tuple[type, ...]] = {
     "target": str,
     "draft": str,
     "drafter": str,
-    "draft_tokens": int,
+    "draft_tokens": (int, str),  # a number, or "auto"
+    "p_min": (int, float),
     "max_tokens": int,
     "chat": bool,
     "system": str,
@@ -91,6 +92,8 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
             if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
                 names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
                 raise ConfigError(path, where, f"must be {names}, not {type(value).__name__} {value!r}")
+            if key == "draft_tokens" and isinstance(value, str) and value != "auto":
+                raise ConfigError(path, where, f"must be a number or \"auto\", not {value!r}")
             if key in ("target", "draft") and not _is_model_name(value):
                 values[key] = str((path.parent / Path(value).expanduser()).resolve())  # relative to the file
         if "target" not in values and name not in pairs:
@@ -118,7 +121,7 @@ def resolve(cli: dict[str, Any], pair: str | None, path: Path | None) -> dict[st
         raise SpecdecError(f"unknown pair {name!r}{where}", hint=f"pairs: {', '.join(pairs)}")
     merged = {**pairs[name], **given}
     if "draft" in given and "drafter" not in given:
-        merged["drafter"] = "model"  # naming a draft on the command line means: use it
+        merged["drafter"] = "auto"  # naming a draft on the command line means: use it where it pays
     merged["pair"] = name
     return merged
 

@@ -11,7 +11,10 @@ from typing import Iterator
 
 from .backend import vocab
 from .backend.native import Context, Model
+from .engine import costmodel
+from .engine.auto import AutoDrafter
 from .engine.drafters import Drafter, ModelDrafter, NoDrafter
+from .engine.lookup import LookupDrafter
 from .engine.events import Event
 from .engine.kv import Sequence
 from .engine.sampling import Sampler
@@ -24,6 +27,8 @@ MAX_TOKENS = 256  # long enough for a code answer, short enough to come back qui
 CTX_SIZE = 4096  # room for a page of prompt plus the answer; the KV cache stays small on a laptop
 MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve output room for 64
 N_SEQ = 2  # sequences per context: the main one plus one fork (tree drafting uses more)
+AUTO_K_MAX = 31  # -k auto drafts at most this many: verifying 32 tokens costs ~11x one here, 15 often pays more
+DRAFTERS = ("auto", "model", "lookup", "none")
 
 
 def default_threads() -> int:
@@ -40,8 +45,9 @@ class RunConfig:
 
     target: Path
     draft: Path | None = None
-    drafter: str = "none"  # "model" | "none"
-    draft_tokens: int = DRAFT_TOKENS
+    drafter: str = "none"  # one of DRAFTERS
+    draft_tokens: int | None = DRAFT_TOKENS  # None: auto, chosen every round by the cost model
+    p_min: float = 0.0  # draft model: stop drafting below this confidence (0 = off)
     max_tokens: int = MAX_TOKENS
     temp: float = 0.0
     top_k: int = 0
@@ -57,15 +63,16 @@ class RunConfig:
     def __post_init__(self) -> None:
         checks = [
             (self.max_tokens >= 1, f"-n/--max-tokens must be at least 1 (got {self.max_tokens})"),
-            (self.draft_tokens >= 1, f"-k/--draft-tokens must be at least 1 (got {self.draft_tokens})"),
-            (self.draft_tokens <= MAX_DRAFT_TOKENS, f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS} (got {self.draft_tokens})"),
+            (self.draft_tokens is None or self.draft_tokens >= 1, f"-k/--draft-tokens must be at least 1 (got {self.draft_tokens})"),
+            (self.draft_tokens is None or self.draft_tokens <= MAX_DRAFT_TOKENS, f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS} (got {self.draft_tokens})"),
+            (0 <= self.p_min <= 1, f"--p-min must be in [0, 1] (got {self.p_min}); 0 turns it off"),
             (self.temp >= 0, f"--temp must be >= 0 (got {self.temp}); 0 means greedy"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p}); 1 turns it off"),
             (0 <= self.min_p <= 1, f"--min-p must be in [0, 1] (got {self.min_p}); 0 turns it off"),
             (self.top_k >= 0, f"--top-k must be >= 0 (got {self.top_k}); 0 turns it off"),
             (self.ctx_size >= 16, f"-c/--ctx-size must be at least 16 (got {self.ctx_size})"),
             (self.threads >= 1, f"-t/--threads must be at least 1 (got {self.threads})"),
-            (self.drafter in ("model", "none"), f"unknown drafter {self.drafter!r}: use model or none"),
+            (self.drafter in DRAFTERS, f"unknown drafter {self.drafter!r}: use {', '.join(DRAFTERS)}"),
             (self.drafter != "model" or self.draft is not None, "--drafter model needs --draft PATH"),
         ]
         for ok, message in checks:
@@ -79,9 +86,10 @@ class RunConfig:
     def as_dict(self) -> dict:
         return {
             "target": str(self.target),
-            "draft": str(self.draft) if self.drafter == "model" else None,
+            "draft": str(self.draft) if self.draft else None,
             "drafter": self.drafter,
-            "draft_tokens": self.draft_tokens,
+            "draft_tokens": "auto" if self.draft_tokens is None else self.draft_tokens,
+            "p_min": self.p_min,
             "max_tokens": self.max_tokens,
             "temp": self.temp,
             "top_k": self.top_k,
@@ -100,10 +108,11 @@ class Session:
         self.cfg = cfg
         t0 = time.perf_counter()
         self.target = stack.enter_context(Model(cfg.target))
-        self.draft = stack.enter_context(Model(cfg.draft)) if cfg.drafter == "model" else None
+        self.draft = stack.enter_context(Model(cfg.draft)) if cfg.draft and cfg.drafter != "none" else None
+        self._costs: costmodel.Costs | None = None
         # Speculation rolls both caches back after every rejection; plain decoding never does.
         for role, m in (("target", self.target), ("draft", self.draft)):
-            problem = self.draft is not None and m.rollback_problem()
+            problem = m is not None and cfg.drafter != "none" and m.rollback_problem()
             if problem:
                 raise SpecdecError(
                     f"{role} {m.name} cannot be used for speculative decoding: {problem}",
@@ -143,15 +152,38 @@ class Session:
         return tokens
 
     def generate(self, tokens: list[int], drafter: str | None = None, **overrides) -> Iterator[Event]:
-        """Run the engine on prompt tokens. `drafter="none"` decodes target-only even with a draft
-        loaded (like-for-like baselines); `overrides` replace Settings fields (benchmarks sweep k)."""
-        use_draft = self.draft_ctx is not None and drafter != "none"
-        drafter_: Drafter = ModelDrafter(Sequence.empty(self.draft_ctx)) if use_draft else NoDrafter()
-        settings = Settings(self.cfg.draft_tokens, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug)
-        settings = replace(settings, **overrides)
+        """Run the engine on prompt tokens. `drafter` overrides the configured one ("none" decodes
+        target-only even with a draft loaded: like-for-like baselines); `overrides` replace RunConfig's
+        draft_tokens (None = auto) or Settings fields (benchmarks sweep k)."""
+        k = overrides.pop("draft_tokens", self.cfg.draft_tokens)
+        drafter_ = self._drafter(drafter or self.cfg.drafter, k, tokens)
+        settings = Settings(AUTO_K_MAX, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug)
+        settings = replace(settings, draft_tokens=k or AUTO_K_MAX, **overrides)
         if settings.draft_tokens > MAX_DRAFT_TOKENS:
             raise UsageError(f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS}")
         return generate(Sequence.empty(self.target_ctx), drafter_, tokens, settings)
+
+    def _drafter(self, name: str, k: int | None, tokens: list[int]) -> Drafter:
+        if name == "none":
+            return NoDrafter()
+        model = ModelDrafter(Sequence.empty(self.draft_ctx), self.cfg.p_min) if self.draft_ctx is not None else None
+        if name == "model" and model is None:
+            raise UsageError("--drafter model needs a draft model", hint="pass --draft PATH")
+        if name == "model" and k is not None:
+            return model
+        if name == "lookup" and k is not None:
+            return LookupDrafter()
+        # auto, or -k auto for one drafter: the cost model chooses every round (and may decode plainly).
+        return AutoDrafter(
+            self.costs(tokens), LookupDrafter() if name in ("auto", "lookup") else None,
+            model if name in ("auto", "model") else None,
+        )  # fmt: skip
+
+    def costs(self, tokens: list[int]) -> costmodel.Costs:
+        """This machine's verify-cost curve, measured once per session (about a second), refined as it runs."""
+        if self._costs is None:
+            self._costs = costmodel.measure(self.target_ctx, self.draft_ctx, tokens, AUTO_K_MAX + 1)
+        return self._costs
 
 
 class open_session:

@@ -104,7 +104,29 @@ def stat_rows(stats: Stats) -> list[tuple[str, str]]:
         ("mean accepted", f"{stats.mean_accepted:.2f} tokens per verification (plain decoding: 1.00)"),
         ("per position", pos),
         ("time split", f"draft {stats.draft_seconds:.2f} s, verify {stats.verify_seconds:.2f} s, other {other:.2f} s"),
-    ]
+    ] + _drafter_rows(stats)
+
+
+def _drafter_rows(stats: Stats) -> list[tuple[str, str]]:
+    """Per drafter, whenever one drafted: rounds, mean chosen k, yield, the draft model's entropy."""
+    parts = stats.by_drafter
+    if set(parts) <= {"none"}:
+        return []
+    rows = []
+    for name in ("none", "lookup", "model"):
+        d = parts.get(name)
+        if d is None:
+            continue
+        text = f"{d.rounds} rounds ({d.rounds / stats.rounds:.0%})"
+        if name != "none":
+            text += f", mean k {d.chosen_k / d.rounds:.1f}, drafted {d.drafted}, accepted {d.accepted}"
+        if d.entropy_rounds:
+            text += f", draft entropy {d.entropy / d.entropy_rounds:.2f} nats"
+        rows.append((f"  {'plain' if name == 'none' else name}", text))
+    both = stats.predicted_vs_realised()
+    if both:
+        rows.append(("predicted / realised", f"{both[0]:.2f} / {both[1]:.2f} tokens per round"))
+    return [("drafters", "")] + rows if rows else []
 
 
 def show_stats(stats: Stats, title: str, live: bool) -> None:
@@ -262,7 +284,7 @@ def show_bench(rows: list[dict], curve_dict: dict, recommendation: str, header: 
                 configs.append(key)
         for key in configs:
             cells = {r["category"]: r["speedup"] for r in rows if (r["drafter"], r["draft_tokens"], r["temp"]) == key}
-            label = f"{key[0]}" + (f" k={key[1]}" if key[1] else "") + f" temp {key[2]:g}"
+            label = f"{key[0]}" + (f" k={key[1]}" if key[1] and key[0] != "auto" else "") + f" temp {key[2]:g}"
             table.add_row(label, *(f"{cells[c]:.2f}x" if c in cells else "-" for c in categories))
         out.print(table)
     out.print(_chart(rows))
@@ -288,10 +310,10 @@ def _chart(rows: list[dict]) -> Text:
     one = round(width / top)
     for temp in sorted({r["temp"] for r in pts}):
         text.append(f"temp {temp:g}\n")
-        for r in sorted((r for r in pts if r["temp"] == temp), key=lambda r: (r["drafter"], r["draft_tokens"])):
+        for r in sorted((r for r in pts if r["temp"] == temp), key=lambda r: (r["drafter"], str(r["draft_tokens"]).zfill(4))):
             n = round(width * r["speedup"] / top)
             bar = "".join("|" if i == one - 1 and i >= n else ("█" if i < n else " ") for i in range(width))
-            text.append(f"  {r['drafter']} k={r['draft_tokens']:<3}")
+            text.append(f"  {r['drafter']:<6} k={r['draft_tokens']!s:<4}")
             text.append(bar, style="green" if r["speedup"] >= 1.0 else "red")
             text.append(f" {r['speedup']:.2f}x\n")
     return text

@@ -15,7 +15,7 @@ from specdec_cli.cli import main
 JSON_STATS = {
     "prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted", "accept_rate", "mean_accepted",
     "per_position_accept", "tokens_per_second", "prefill_seconds", "draft_seconds", "verify_seconds",
-    "wall_seconds",
+    "wall_seconds", "by_drafter",
 }  # fmt: skip
 
 
@@ -35,7 +35,7 @@ def one_line_error(err: str) -> str:
 def test_json_has_the_contract_keys(capsys, models):
     code, out, _ = specdec(
         capsys, "generate", "hello", "--target", str(models["target"]), "--draft", str(models["draft"]),
-        "-n", "20", "-k", "3", "--json", "-t", "2",
+        "--drafter", "model", "-n", "20", "-k", "3", "--json", "-t", "2",
     )  # fmt: skip
     assert code == 0
     obj = json.loads(out)

@@ -29,7 +29,7 @@ def write(tmp_path, text: str, name: str = "c.toml") -> Path:
 def test_builtin_default_pair_without_a_file():
     s = config.resolve({"max_tokens": 5}, None, None)
     assert s["pair"] == "default" and s["target"] == "qwen2.5-coder-1.5b" and s["draft"] == "qwen2.5-coder-0.5b"
-    assert s["max_tokens"] == 5 and s["draft_tokens"] == 3
+    assert s["max_tokens"] == 5 and "draft_tokens" not in s and "drafter" not in s  # with a draft: auto, k auto
 
 
 def test_example_file_is_valid_and_matches_the_builtins():
@@ -51,7 +51,7 @@ def test_explicit_target_uses_no_pair_unless_named(tmp_path):
     assert config.resolve({"target": "x.gguf"}, None, f) == {"target": "x.gguf"}
     s = config.resolve({"draft": "d.gguf"}, "mine", f)
     assert s["target"] == str(tmp_path / "t.gguf")  # relative to the file
-    assert s["draft"] == "d.gguf" and s["drafter"] == "model" and s["draft_tokens"] == 7
+    assert s["draft"] == "d.gguf" and s["drafter"] == "auto" and s["draft_tokens"] == 7
 
 
 @pytest.mark.parametrize(
@@ -60,9 +60,9 @@ def test_explicit_target_uses_no_pair_unless_named(tmp_path):
         ("default_pair = \n", "syntax", "Invalid"),
         ("colour = 1\n", "colour", "unknown top-level key"),
         ("[pairs.a]\ntarget = 't'\nk = 3\n", "pairs.a.k", "unknown key"),
-        ("[pairs.a]\ntarget = 't'\ndraft_tokens = 'four'\n", "pairs.a.draft_tokens", "must be int, not str 'four'"),
+        ("[pairs.a]\ntarget = 't'\ndraft_tokens = 'four'\n", "pairs.a.draft_tokens", "must be a number or \"auto\", not 'four'"),
         ("[pairs.a]\ntarget = 't'\nchat = 1\n", "pairs.a.chat", "must be bool"),
-        ("[pairs.a]\ntarget = 't'\ndraft_tokens = true\n", "pairs.a.draft_tokens", "must be int, not bool"),
+        ("[pairs.a]\ntarget = 't'\ndraft_tokens = true\n", "pairs.a.draft_tokens", "must be int or str, not bool"),
         ("[pairs.a]\ndraft = 'd'\n", "pairs.a", "a new pair needs a target"),
         ("pairs = 3\n", "pairs", "must be tables"),
         ("default_pair = 'nope'\n", "default_pair", "'nope' is not a pair"),
@@ -98,7 +98,7 @@ def test_pairs_drive_generate(tmp_path, models, capsys):
     )
     assert main(["generate", "hi", "--config", str(f), "--json"]) == 0
     cfg = json.loads(capsys.readouterr().out)["config"]
-    assert (cfg["pair"], cfg["drafter"], cfg["draft_tokens"], cfg["max_tokens"]) == ("tiny", "model", 5, 7)
+    assert (cfg["pair"], cfg["drafter"], cfg["draft_tokens"], cfg["max_tokens"]) == ("tiny", "auto", 5, 7)
     assert main(["generate", "hi", "--config", str(f), "-k", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["draft_tokens"] == 2
     assert main(["generate", "hi", "--config", str(f), "--pair", "plain", "-n", "3", "--json"]) == 0

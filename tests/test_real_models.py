@@ -68,7 +68,7 @@ def test_smollm2_chat_template_is_applied(smollm2):
 
 
 def test_smollm2_through_the_cli(smollm2, capsys):
-    assert main(["generate", "Say hi.", "--target", str(smollm2), "--draft", str(smollm2), "-n", "16", "--json"]) == 0
+    assert main(["generate", "Say hi.", "--target", str(smollm2), "--draft", str(smollm2), "--drafter", "model", "-n", "16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["config"]["chat"] is True and out["stats"]["accept_rate"] == 1.0
     assert main(["models", "info", str(smollm2), "--json"]) == 0

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import platform
+from dataclasses import replace
 from pathlib import Path
 
 from ..engine.stats import Stats
@@ -22,6 +23,7 @@ COLUMNS = [
     "drafter", "draft_tokens", "temp", "category", "prompts", "generated_tokens", "tokens_per_second",
     "baseline_tokens_per_second", "speedup", "accept_rate", "per_token_accept", "mean_accepted", "per_position_accept",
     "draft_share", "verify_share", "predicted_speedup", "model_gap", "identical_to_baseline",
+    "predicted_tokens_per_round", "drafter_rounds",
 ]  # fmt: skip
 
 
@@ -36,9 +38,8 @@ def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list
         mine = Stats.combine([result.runs[i].stats for i in idx])
         base = Stats.combine([result.baseline[i].stats for i in idx])
         speedup = mine.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
-        # The geometric model needs the per-token acceptance, not accepted/drafted (which counts the
-        # draft tokens after a rejection, never checked, as failures too).
-        predicted = predicted_speedup(curve, mine.per_token_accept, cfg.draft_tokens) if curve.draft or cfg.is_baseline else None
+        predicted = _predicted(curve, mine, cfg)
+        both = mine.predicted_vs_realised()
         gen = mine.generation_seconds or 1.0
         identical = None
         if cfg.temp == 0:
@@ -47,7 +48,7 @@ def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list
         out.append(
             {
                 "drafter": cfg.drafter,
-                "draft_tokens": cfg.draft_tokens,
+                "draft_tokens": "auto" if cfg.draft_tokens is None else cfg.draft_tokens,
                 "temp": cfg.temp,
                 "category": category,
                 "prompts": len(idx),
@@ -64,9 +65,27 @@ def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list
                 "predicted_speedup": round(predicted, 4) if predicted is not None else None,
                 "model_gap": bool(predicted is not None and speedup and abs(predicted - speedup) / speedup > MODEL_GAP),
                 "identical_to_baseline": identical,
+                # auto: what the cost model expected per round, against mean_accepted (what came)
+                "predicted_tokens_per_round": round(both[0], 4) if both else None,
+                "drafter_rounds": {name: d.rounds for name, d in sorted(mine.by_drafter.items())},
             }
         )
     return out
+
+
+def _predicted(curve: CostCurve, stats: Stats, cfg) -> float | None:
+    """Leviathan's speed-up with the measured costs, for a fixed draft length (auto predicts per round)."""
+    if cfg.is_baseline:
+        return 1.0
+    if cfg.draft_tokens is None or cfg.drafter == "auto":
+        return None
+    if cfg.drafter == "lookup":  # a lookup draft costs no decode
+        curve = replace(curve, draft=0.0, draft_catch_up=None)
+    elif curve.draft is None:
+        return None
+    # The geometric model needs the per-token acceptance, not accepted/drafted (which counts the
+    # draft tokens after a rejection, never checked, as failures too).
+    return predicted_speedup(curve, stats.per_token_accept, cfg.draft_tokens)
 
 
 def recommendation(rows: list[dict], curve: CostCurve) -> str:
@@ -74,13 +93,14 @@ def recommendation(rows: list[dict], curve: CostCurve) -> str:
     if not overall:
         return "Only the baseline ran: add --drafters model (with a draft) to see what speculation does here."
     best = max(overall, key=lambda r: r["speedup"])
-    how = f"--drafter {best['drafter']} -k {best['draft_tokens']}" + (f" --temp {best['temp']:g}" if best["temp"] else "")
+    how = f"--drafter {best['drafter']}" + (f" -k {best['draft_tokens']}" if best["drafter"] != "auto" else "")
+    how += f" --temp {best['temp']:g}" if best["temp"] else ""
     if best["speedup"] >= PAYS:
         return (
             f"Use {how}: {best['speedup']:.2f}x target-only tokens/s on this machine "
             f"(accept rate {best['accept_rate']:.0%}, {best['mean_accepted']:.2f} tokens per verification)."
         )
-    k = max(best["draft_tokens"], 1)
+    k = best["draft_tokens"] if isinstance(best["draft_tokens"], int) else 3
     ceiling = max(predicted_speedup(curve, 1.0, j) for j in range(1, len(curve.target))) if curve.draft else float("nan")
     c = f"c = {curve.c:.2f}" if curve.c is not None else "c unknown"
     return (
@@ -130,19 +150,28 @@ def to_csv(rows: list[dict]) -> str:
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({**r, "per_position_accept": " ".join(str(x) for x in r["per_position_accept"])})
+        w.writerow({
+            **r, "per_position_accept": " ".join(str(x) for x in r["per_position_accept"]),
+            "drafter_rounds": " ".join(f"{k}:{v}" for k, v in r["drafter_rounds"].items()),
+        })  # fmt: skip
     return buf.getvalue()
 
 
 def to_svg(rows: list[dict]) -> str:
-    """Speed-up against draft length, one line per temperature, with the target-only level marked."""
-    series: dict[float, list[tuple[int, float]]] = {}
+    """Speed-up against draft length, one line per drafter and temperature, the target-only level and
+    the auto rows (which choose their own lengths) as dashed levels."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    levels: list[tuple[str, float]] = []
     for r in rows:
         if r["category"] == "all" and r["drafter"] != "none":
-            series.setdefault(r["temp"], []).append((r["draft_tokens"], r["speedup"]))
+            name = f"{r['drafter']} temp {r['temp']:g}"
+            if isinstance(r["draft_tokens"], int):
+                series.setdefault(name, []).append((r["draft_tokens"], r["speedup"]))
+            else:
+                levels.append((f"{name}" + (" k=auto" if r["drafter"] != "auto" else ""), r["speedup"]))
     w, h, m = 560, 340, 50
     ks = sorted({k for pts in series.values() for k, _ in pts}) or [1]
-    top = max([1.2] + [s for pts in series.values() for _, s in pts]) * 1.1
+    top = max([1.2] + [s for pts in series.values() for _, s in pts] + [s for _, s in levels]) * 1.1
     x = lambda k: m + (w - 2 * m) * (ks.index(k) / max(len(ks) - 1, 1))  # noqa: E731
     y = lambda s: h - m - (h - 2 * m) * s / top  # noqa: E731
     colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
@@ -161,12 +190,16 @@ def to_svg(rows: list[dict]) -> str:
     for i in range(5):
         s = top * i / 4
         parts.append(f'<text x="{m - 6}" y="{y(s) + 4:.1f}" text-anchor="end">{s:.2f}</text>')
-    for j, (temp, pts) in enumerate(sorted(series.items())):
+    for j, (name, pts) in enumerate(sorted(series.items())):
         colour = colours[j % len(colours)]
         pts = sorted(pts)
         path = " ".join(f"{x(k):.1f},{y(s):.1f}" for k, s in pts)
         parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
         parts += [f'<circle cx="{x(k):.1f}" cy="{y(s):.1f}" r="3" fill="{colour}"/>' for k, s in pts]
-        parts.append(f'<text x="{m + 10}" y="{m + 16 * j}" fill="{colour}">temp {temp:g}</text>')
+        parts.append(f'<text x="{m + 10}" y="{m + 16 * j}" fill="{colour}">{name}</text>')
+    for j, (name, s) in enumerate(levels, start=len(series)):
+        colour = colours[j % len(colours)]
+        parts.append(f'<line x1="{m}" y1="{y(s):.1f}" x2="{w - m}" y2="{y(s):.1f}" stroke="{colour}" stroke-dasharray="8 3"/>')
+        parts.append(f'<text x="{m + 10}" y="{m + 16 * j}" fill="{colour}">{name} (dashed)</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

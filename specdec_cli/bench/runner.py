@@ -15,8 +15,8 @@ from .suite import Prompt
 
 @dataclass(frozen=True)
 class Config:
-    drafter: str  # "none" (the baseline) | "model"
-    draft_tokens: int  # 0 for the baseline
+    drafter: str  # "none" (the baseline) | "model" | "lookup" | "auto"
+    draft_tokens: int | None  # 0 for the baseline; None: auto, chosen every round
     temp: float
 
     @property
@@ -25,7 +25,9 @@ class Config:
 
     @property
     def label(self) -> str:
-        return "none" if self.is_baseline else f"{self.drafter} k={self.draft_tokens}"
+        if self.is_baseline or self.drafter == "auto":
+            return self.drafter
+        return f"{self.drafter} k={'auto' if self.draft_tokens is None else self.draft_tokens}"
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,17 @@ class RowResult:
     baseline: list[Run]  # the baseline's runs on the same prompts, interleaved with these
 
 
-def plan(drafters: list[str], draft_tokens: list[int], temps: list[float]) -> list[Config]:
-    """The baseline first in each temperature, then every drafter at every draft length."""
+def plan(drafters: list[str], draft_tokens: list[int | None], temps: list[float]) -> list[Config]:
+    """The baseline first in each temperature, then every drafter at every draft length (None: auto);
+    the auto drafter once, choosing its own lengths."""
     configs = []
     for temp in temps:
         configs.append(Config("none", 0, temp))
-        configs += [Config(d, k, temp) for d in drafters if d != "none" for k in draft_tokens]
+        for d in drafters:
+            if d == "auto":
+                configs.append(Config(d, None, temp))
+            elif d != "none":
+                configs += [Config(d, k, temp) for k in draft_tokens]
     return configs
 
 
@@ -74,7 +81,7 @@ def sweep(
         s = Sampler(config.temp, sampler.top_k, sampler.top_p, sampler.min_p)
         stats, ids = Stats(), []
         for event in session.generate(
-            encoded[i], drafter=config.drafter, draft_tokens=max(config.draft_tokens, 1),
+            encoded[i], drafter=config.drafter, draft_tokens=config.draft_tokens,
             max_tokens=max_tokens, sampler=s, seed=seed + i,
         ):  # fmt: skip
             stats.add(event)

@@ -34,6 +34,10 @@ class Round:
     draft_seconds: float
     verify_seconds: float
     seconds: float  # the whole round: drafting, verification, acceptance, rollback
+    drafter: str = "none"  # who drafted this round: "none" (plain decoding) | "lookup" | "model"
+    k: int = 0  # the draft length chosen for the round; `drafted` is less when the draft ran out early
+    predicted: float | None = None  # tokens the cost model expected this round to emit (auto only)
+    entropy: float | None = None  # the draft model's mean entropy over its drafted tokens, in nats
 
 
 @dataclass(frozen=True, slots=True)

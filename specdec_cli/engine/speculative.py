@@ -80,13 +80,17 @@ def generate(target: Sequence, drafter: Drafter, prompt: list[int], settings: Se
             rollback(target, drafter, len(committed) - 1)
         seconds = time.perf_counter() - t_round
 
+        drafter.observe(draft, m, token, t_verify - t_draft, t_draft - t_round)
         if settings.debug:
             target.check(committed)
             drafter.check(committed)
         for t, origin in zip(new, origins):
             yield Token(t, origin, detok.push(t))
         accepted = min(m, len(new) + eog)  # an accepted end-of-generation draft token counts
-        yield Round(len(draft.tokens), accepted, len(new) + eog, t_draft - t_round, t_verify - t_draft, seconds)
+        yield Round(
+            len(draft.tokens), accepted, len(new) + eog, t_draft - t_round, t_verify - t_draft, seconds,
+            draft.source, draft.k, draft.predicted, draft.entropy,
+        )  # fmt: skip
         if eog:
             yield Stopped("eos", detok.flush())
             return

@@ -8,6 +8,53 @@ from .events import Event, Prefilled, Round, Stopped, Token
 
 
 @dataclass
+class DrafterStats:
+    """Per drafter (auto mixes them): rounds it ran, and what they drafted and yielded."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    chosen_k: int = 0  # sum of the draft lengths chosen; / rounds = mean chosen k
+    predicted: float = 0.0  # sum of the tokens the cost model expected, over rounds that had a prediction
+    predicted_rounds: int = 0
+    emitted_predicted: int = 0  # tokens those same rounds emitted: compare with `predicted`
+    entropy: float = 0.0  # sum of per-round mean draft entropies (model rounds)
+    entropy_rounds: int = 0
+
+    def add(self, r: Round) -> None:
+        self.rounds += 1
+        self.drafted += r.drafted
+        self.accepted += r.accepted
+        self.emitted += r.emitted
+        self.chosen_k += r.k
+        if r.predicted is not None:
+            self.predicted += r.predicted
+            self.predicted_rounds += 1
+            self.emitted_predicted += r.emitted
+        if r.entropy is not None:
+            self.entropy += r.entropy
+            self.entropy_rounds += 1
+
+    def merge(self, other: DrafterStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_dict(self) -> dict:
+        pr = self.predicted_rounds
+        return {
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "emitted": self.emitted,
+            "mean_k": round(self.chosen_k / self.rounds, 3) if self.rounds else 0.0,
+            "predicted_tokens_per_round": round(self.predicted / pr, 4) if pr else None,
+            "realised_tokens_per_round": round(self.emitted_predicted / pr, 4) if pr else None,
+            "mean_entropy": round(self.entropy / self.entropy_rounds, 4) if self.entropy_rounds else None,
+        }
+
+
+@dataclass
 class Stats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
@@ -18,6 +65,7 @@ class Stats:
     rounds_with_draft: int = 0
     rejections: int = 0  # rounds in which the target rejected a draft token (the round ended in a correction)
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: rounds whose draft token i was accepted
+    by_drafter: dict[str, DrafterStats] = field(default_factory=dict)  # "none" | "lookup" | "model"
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -35,6 +83,7 @@ class Stats:
             self.draft_seconds += event.draft_seconds
             self.verify_seconds += event.verify_seconds
             self.generation_seconds += event.seconds
+            self.by_drafter.setdefault(event.drafter, DrafterStats()).add(event)
             if event.drafted:
                 self.rounds_with_draft += 1
                 self.rejections += event.accepted < event.drafted
@@ -61,6 +110,8 @@ class Stats:
                 total.accepted_at += [0] * (len(s.accepted_at) - len(total.accepted_at))
             for i, a in enumerate(s.accepted_at):
                 total.accepted_at[i] += a
+            for name, d in s.by_drafter.items():
+                total.by_drafter.setdefault(name, DrafterStats()).merge(d)
         return total
 
     @property
@@ -104,4 +155,13 @@ class Stats:
             "verify_seconds": round(self.verify_seconds, 4),
             "generation_seconds": round(self.generation_seconds, 4),
             "wall_seconds": round(self.prefill_seconds + self.generation_seconds, 4),
+            "by_drafter": {name: d.as_dict() for name, d in sorted(self.by_drafter.items())},
         }
+
+    def predicted_vs_realised(self) -> tuple[float, float] | None:
+        """(predicted, realised) tokens per round over the rounds the cost model predicted (auto)."""
+        n = sum(d.predicted_rounds for d in self.by_drafter.values())
+        if not n:
+            return None
+        predicted = sum(d.predicted for d in self.by_drafter.values())
+        return predicted / n, sum(d.emitted_predicted for d in self.by_drafter.values()) / n

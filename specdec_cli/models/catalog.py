@@ -68,7 +68,7 @@ INSTALL_HINT = "pip install 'specdec[models]' (in a specdec checkout: pip instal
 
 # Built-in pairs; a config file's [pairs.NAME] adds to them or replaces one of the same name.
 BUILTIN_PAIRS: dict[str, dict] = {
-    "default": {"target": QWEN_TARGET.name, "draft": QWEN_DRAFT.name, "draft_tokens": 3},
+    "default": {"target": QWEN_TARGET.name, "draft": QWEN_DRAFT.name},
     "smollm2": {"target": SMOLLM2.name, "drafter": "none"},
 }
 DEFAULT_PAIR = "default"
