@@ -25,8 +25,8 @@ def longest_match(history: np.ndarray, max_match: int = MAX_MATCH) -> tuple[int,
     ends = np.flatnonzero(history[: n - 1] == history[n - 1])
     length = 1
     while ends.size and length < min(max_match, n - 1):
-        ends = ends[ends >= length]
-        longer = ends[history[ends - length] == history[n - 1 - length]]
+        room = ends[ends >= length]  # matches that reach the start of the text cannot grow
+        longer = room[history[room - length] == history[n - 1 - length]]
         if not longer.size:
             break
         ends, length = longer, length + 1

@@ -1,0 +1,241 @@
+"""Cost-aware drafting: prompt lookup, the k-chooser, `--drafter auto`, `--p-min`. Lossless always;
+the chooser drafts only where the cost curve says it pays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import run_engine
+
+from specdec_cli.engine.auto import AutoDrafter
+from specdec_cli.engine.costmodel import Costs, best_length, expected_tokens
+from specdec_cli.engine.drafters import Draft
+from specdec_cli.engine.lookup import LookupDrafter, longest_match
+from specdec_cli.engine.events import Token
+from specdec_cli.engine.sampling import Sampler
+from specdec_cli.engine.stats import Stats
+
+GREEDY = Sampler()
+RNG = np.random.default_rng(0)
+REPEATING = ["abcabcabcabc", "def f(x):\n    return x\ndef g(x):\n    return", "the cat sat on the mat; the cat"]
+
+
+# --- lookup on token lists ----------------------------------------------------------------------
+def test_longest_match_prefers_the_longest_suffix_over_the_last_occurrence():
+    #        0  1  2  3  4  5  6  7  8  9
+    h = [1, 2, 3, 9, 5, 2, 3, 8, 1, 2, 3]  # suffix [1,2,3] occurs at 0..2; [2,3] also at 5..6 (more recent)
+    length, start = longest_match(np.array(h))
+    assert (length, start) == (3, 3)  # continue after the 3-token match: 9, not 8
+
+
+def test_longest_match_takes_the_most_recent_of_equally_long_matches():
+    h = [7, 4, 1, 7, 4, 2, 7, 4]
+    assert longest_match(np.array(h)) == (2, 5)  # [7, 4] at 3..4 is more recent than at 0..1
+
+
+def test_longest_match_without_an_earlier_occurrence():
+    assert longest_match(np.array([1, 2, 3, 4])) == (0, -1)
+    assert longest_match(np.array([5])) == (0, -1)
+
+
+def test_longest_match_is_capped_and_may_overlap_the_suffix():
+    h = np.array([6] * 10)  # a run of one token matches itself shifted by one
+    length, start = longest_match(h, max_match=4)
+    assert length == 4 and start == 9
+    assert longest_match(h)[0] == 9  # uncapped: as long as the text allows
+
+
+def test_lookup_drafter_proposes_the_continuation_after_the_match():
+    d = LookupDrafter()
+    committed = [10, 11, 12, 13, 14, 15, 20, 11, 12]
+    draft = d.propose(committed, 3, GREEDY, RNG)
+    assert draft.tokens == [13, 14, 15] and draft.q is None and draft.match == 2 and draft.source == "lookup"
+    # The history grows with the committed text: the next call sees the new tokens.
+    draft = d.propose(committed + [13, 14, 15, 20, 11], 4, GREEDY, RNG)
+    assert draft.tokens[:2] == [12, 13] and draft.match >= 4
+
+
+def test_lookup_drafter_needs_min_match_tokens():
+    assert LookupDrafter(min_match=2).propose([1, 2, 3, 9, 3], 4, GREEDY, RNG).tokens == []  # one token matches
+    draft = LookupDrafter(min_match=2).propose([1, 2, 3, 9, 2, 3], 4, GREEDY, RNG)
+    assert draft.tokens == [9, 2, 3]  # the continuation runs to the end of the text so far
+
+
+# --- the k-chooser on synthetic cost curves ---------------------------------------------------
+def linear_curve(n_max: int = 32) -> Costs:
+    """Verifying n tokens costs n single decodes: drafts can never pay unless always right."""
+    return Costs({1: 0.03, n_max: 0.03 * n_max}, None, n_max)
+
+
+def flat_curve(n_max: int = 32) -> Costs:
+    """Verifying up to 16 tokens costs 1.2 single decodes (memory-bound hardware): long drafts pay."""
+    return Costs({1: 0.03, 16: 0.036, n_max: 0.072}, None, n_max)
+
+
+def test_expected_tokens_is_one_plus_the_prefix_products():
+    assert expected_tokens([]).tolist() == [1.0]
+    assert expected_tokens([0.5, 0.5]).tolist() == pytest.approx([1.0, 1.5, 1.75])
+    assert expected_tokens([1.0] * 4)[-1] == 5.0
+
+
+def test_chooser_decodes_plainly_when_the_curve_says_drafts_cannot_pay():
+    k, rate, e = best_length([0.9] * 16, linear_curve())
+    assert k == 0 and e == 1.0 and rate == pytest.approx(1 / 0.03)
+
+
+def test_chooser_drafts_long_when_verification_is_nearly_free():
+    k, rate, _ = best_length([0.9] * 31, flat_curve())
+    assert k == 15  # the longest draft that still fits the cheap 16-token batch
+    assert rate > 4 / 0.03
+
+
+def test_chooser_counts_the_draft_cost():
+    # A draft model at c = 0.5 on the flat curve: drafting pays at 90% acceptance, not at 30%.
+    assert best_length([0.9] * 8, flat_curve(), 0.015)[0] > 0
+    assert best_length([0.3] * 8, flat_curve(), 0.015)[0] == 0
+
+
+def test_costs_interpolate_and_learn_online():
+    c = Costs({1: 0.01, 4: 0.04, 8: 0.05}, None, 16)
+    assert c.verify(2) == pytest.approx(0.02) and c.verify(16) == pytest.approx(0.10)  # beyond: per-token cost of 8
+    for _ in range(30):
+        c.observe_verify(2, 0.015)
+    assert c.verify(2) == pytest.approx(0.015, rel=0.01)
+    c.observe_verify(2, 10.0)  # one preempted decode moves the estimate by a bounded step only
+    assert c.verify(2) < 0.02
+
+
+def test_auto_decodes_plainly_without_a_match_and_drafts_a_long_reliable_match():
+    auto = AutoDrafter(flat_curve(), LookupDrafter(), None)
+    assert auto.propose([1, 2, 3, 4, 5], 31, GREEDY, RNG).tokens == []  # nothing to copy
+    text = list(range(100, 140))
+    draft = auto.propose(text + text[:20], 31, GREEDY, RNG)  # 20 tokens already match the earlier text
+    assert draft.source == "lookup" and draft.tokens == text[20:20 + len(draft.tokens)] and len(draft.tokens) >= 8
+    assert draft.predicted > 1.0
+
+
+def test_auto_never_drafts_when_verification_costs_what_it_saves():
+    auto = AutoDrafter(linear_curve(), LookupDrafter(), None)
+    text = list(range(100, 140))
+    assert auto.propose(text + text[:20], 31, GREEDY, RNG).tokens == []
+
+
+def test_auto_learns_lookup_acceptance_from_rounds_it_did_not_draft():
+    """A plain round still tells whether lookup's first token was right: the learner gets it for free."""
+    auto = AutoDrafter(linear_curve(), LookupDrafter(), None)
+    committed = [1, 2, 3, 9, 1, 2, 3]
+    before = auto.lookup_accept.mean(3)
+    for _ in range(20):
+        draft = auto.propose(committed, 8, GREEDY, RNG)
+        assert draft.tokens == []
+        auto.observe(draft, 0, 9, 0.03, 0.0)  # the target's token was lookup's guess
+    assert auto.lookup_accept.mean(3) > max(before, 0.9)
+
+
+def test_auto_prefers_plain_to_a_draft_model_that_costs_too_much():
+    class NeverCalled:
+        def lag(self, committed):
+            return 1
+
+        def propose(self, *a, **kw):
+            raise AssertionError("auto drafted with a model that cannot pay")
+
+    costs = linear_curve()
+    costs.draft = 0.016  # c = 0.53, the 0.5B-for-1.5B pair on 2 cores
+    auto = AutoDrafter(costs, None, NeverCalled())
+    assert auto.propose([1, 2, 3], 8, GREEDY, RNG) == Draft([], None, predicted=1.0)
+
+
+# --- end to end on the tiny F32 fixtures -------------------------------------------------------
+@pytest.fixture(scope="module")
+def target_only(models):
+    from conftest import config
+    from specdec_cli.session import open_session
+
+    with open_session(config(models, None, max_tokens=40)) as s:
+        return {p: run_engine(s, p)[0] for p in REPEATING}
+
+
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_lookup_greedy_matches_target_only(open_pair, target_only, k):
+    s = open_pair(None, drafter="lookup", max_tokens=40)
+    for prompt in REPEATING:
+        ids, stats, _ = run_engine(s, prompt, draft_tokens=k)
+        assert ids == target_only[prompt], (prompt, k)
+        assert set(stats.by_drafter) <= {"lookup"}
+
+
+@pytest.mark.parametrize("draft, drafter", [("draft", "auto"), (None, "auto"), ("draft", "model"), (None, "lookup")])
+def test_auto_greedy_matches_target_only(open_pair, target_only, draft, drafter):
+    s = open_pair(draft, drafter=drafter, draft_tokens=None, max_tokens=40)  # -k auto
+    for prompt in REPEATING:
+        ids, stats, _ = run_engine(s, prompt)
+        assert ids == target_only[prompt], prompt
+        assert sum(d.rounds for d in stats.by_drafter.values()) == stats.rounds
+        assert stats.predicted_vs_realised() is not None
+
+
+def test_lookup_drafts_on_repetitive_text(open_pair):
+    s = open_pair(None, drafter="lookup", max_tokens=40)
+    _, stats, _ = run_engine(s, "abcabcabcabcabcabc", draft_tokens=4)
+    assert stats.by_drafter["lookup"].drafted > 0
+
+
+def test_lookup_sampling_is_reproducible_with_a_seed(open_pair):
+    s = open_pair(None, drafter="lookup", max_tokens=30, temp=0.8, seed=3)
+    a = run_engine(s, REPEATING[0])[0]
+    b = run_engine(s, REPEATING[0])[0]
+    assert a == b and a
+
+
+def test_p_min_one_stops_every_draft_and_keeps_the_output(open_pair, target_only):
+    s = open_pair("draft", drafter="model", p_min=1.0, max_tokens=40)
+    for prompt in REPEATING:
+        ids, stats, _ = run_engine(s, prompt, draft_tokens=4)
+        assert ids == target_only[prompt]
+        assert stats.drafted == 0  # no draft token of a random model has probability 1
+
+
+def test_p_min_cuts_drafts_short(open_pair):
+    s = open_pair("draft", drafter="model", max_tokens=40)
+    _, free, _ = run_engine(s, REPEATING[1], draft_tokens=6)
+    s2 = open_pair("draft", drafter="model", p_min=0.5, max_tokens=40)
+    _, cut, _ = run_engine(s2, REPEATING[1], draft_tokens=6)
+    assert cut.drafted / cut.rounds < free.drafted / free.rounds
+
+
+def test_model_rounds_report_the_draft_entropy(open_pair):
+    s = open_pair("draft", drafter="model", max_tokens=20)
+    _, stats, _ = run_engine(s, "hello", draft_tokens=3)
+    d = stats.by_drafter["model"]
+    assert d.entropy_rounds == d.rounds > 0
+    assert 0.0 < d.entropy / d.entropy_rounds <= np.log(260)  # at most log(vocabulary)
+    assert stats.as_dict()["by_drafter"]["model"]["mean_entropy"] > 0
+
+
+def test_lookup_sampling_matches_target_only_distribution(open_pair):
+    """End to end with the point-mass rule: the first two tokens after a repetitive prompt (lookup
+    drafts there), speculative vs target-only sampling, two-sample chi-square at the 1e-4 level."""
+    kw = dict(max_tokens=2, temp=1.5, top_k=3)
+    spec, plain = open_pair(None, drafter="lookup", **kw), open_pair(None, **kw)
+    counts, drafted = {}, 0
+    for name, s in (("spec", spec), ("plain", plain)):
+        tokens = s.prompt_tokens("abcabcabcab")
+        c = {}
+        for seed in range(1500):
+            stats, pair = Stats(), []
+            for e in s.generate(tokens, seed=seed, draft_tokens=2):
+                stats.add(e)
+                if isinstance(e, Token):
+                    pair.append(e.id)
+            drafted += stats.drafted
+            c[tuple(pair)] = c.get(tuple(pair), 0) + 1
+        counts[name] = c
+    assert drafted > 1000  # lookup did draft
+    cells = sorted(set(counts["spec"]) | set(counts["plain"]))
+    a = np.array([counts["spec"].get(x, 0) for x in cells], float)
+    b = np.array([counts["plain"].get(x, 0) for x in cells], float)
+    stat = float(((a - b) ** 2 / (a + b)).sum())
+    df = len(cells) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.719 * np.sqrt(2 / (9 * df))) ** 3
+    assert stat < critical and len(cells) > 3, (stat, df, cells)
