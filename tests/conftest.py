@@ -3,6 +3,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -30,6 +31,18 @@ def run_engine(session, prompt: str, **overrides):
             ids.append(event.id)
             text.append(event.text)
     return ids, stats, "".join(text)
+
+
+def same_distribution(a_counts: dict, b_counts: dict) -> tuple[bool, float, int]:
+    """Two-sample chi-square for equal sample sizes, sum (a-b)^2 / (a+b) with df = cells - 1, at the
+    1e-4 level (Wilson-Hilferty critical value): (passes, statistic, cells)."""
+    cells = sorted(set(a_counts) | set(b_counts))
+    a = np.array([a_counts.get(x, 0) for x in cells], float)
+    b = np.array([b_counts.get(x, 0) for x in cells], float)
+    stat = float(((a - b) ** 2 / (a + b)).sum())
+    df = len(cells) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.719 * np.sqrt(2 / (9 * df))) ** 3 if df else 0.0
+    return stat < critical, stat, len(cells)
 
 
 def config(models, draft: str | None = "draft", **kw) -> RunConfig:
