@@ -18,7 +18,7 @@ from .errors import SpecdecError, UsageError
 from .cli_bench import bench
 from .cli_common import run_config
 from .cli_models import app as models_app
-from .session import AUTO_K_MAX, CTX_SIZE, DRAFT_TOKENS, MAX_TOKENS, open_session
+from .session import AUTO_K_MAX, CTX_SIZE, DRAFT_TOKENS, MAX_BRANCHES, MAX_TOKENS, P_SPLIT, open_session
 
 app = typer.Typer(
     name="specdec",
@@ -78,6 +78,13 @@ def generate(
     p_min: Optional[float] = typer.Option(
         None, "--p-min", help="Draft model: stop drafting when its probability for its own token is below this [0: off]."
     ),
+    branches: Optional[int] = typer.Option(
+        None, "--branches",
+        help=f"Draft model: draft up to N branches per round as a tree, verified in one target pass (1..{MAX_BRANCHES}) [1].",
+    ),
+    p_split: Optional[float] = typer.Option(
+        None, "--p-split", help=f"Tree drafting: fork where the draft's runner-up token has at least this probability [{P_SPLIT}]."
+    ),
     max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help=f"Stop after this many tokens [{MAX_TOKENS}]."),
     temp: Optional[float] = typer.Option(None, "--temp", help="Sampling temperature; 0 is greedy [0]."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the k most likely tokens; 0 is off [0]."),
@@ -96,7 +103,7 @@ def generate(
     """Generate text from PROMPT with speculative decoding."""
     given = dict(
         target=target, draft=draft, drafter=drafter.value if drafter else None, draft_tokens=draft_tokens,
-        p_min=p_min, max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, ctx_size=ctx_size,
+        p_min=p_min, branches=branches, p_split=p_split, max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, ctx_size=ctx_size,
         chat=chat, system=system,
     )  # fmt: skip
     settings = config.resolve(given, pair, config.config_file(config_path))
@@ -124,6 +131,7 @@ def generate(
         else:
             k = "auto" if cfg.draft_tokens is None else cfg.draft_tokens
             title = f"specdec · {cfg.drafter}" + (f" · k={k}" if cfg.drafter != "none" else "")
+            title += f" · branches={cfg.branches}" if cfg.branches > 1 else ""
             ui.show_stats(stats, title, live)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)

@@ -11,13 +11,14 @@ from . import config, ui
 from .cli_common import run_config
 from .bench import costs, report, runner, suite
 from .errors import UsageError
-from .session import DRAFTERS, MAX_DRAFT_TOKENS, open_session
+from .session import DRAFTERS, MAX_BRANCHES, MAX_DRAFT_TOKENS, open_session
 
 T = TypeVar("T")
 EXIT_INTERRUPTED = 130
 
 # --- defaults, one per line ---------------------------------------------------------------------
 DRAFT_TOKENS = "2,3,4"  # fixed lengths for model and lookup around llama.cpp's 3; add 8,15 or auto to see more
+BRANCHES = "1"  # chains only; 1,2,3 adds tree-drafting rows for the draft model and auto
 TEMPS = "0"  # greedy: the speed-up question without sampling noise; add 0.7 to see sampling
 MAX_TOKENS = 64  # long enough for steady state, short enough that 21 prompts take a minute per pass
 RUNS = 1  # median of R per prompt; raise it on a noisy machine
@@ -48,6 +49,9 @@ def bench(
     draft_tokens: str = typer.Option(
         DRAFT_TOKENS, "--draft-tokens", help="Comma list of draft lengths k for model and lookup ('auto' too); auto chooses its own."
     ),
+    branches: str = typer.Option(
+        BRANCHES, "--branches", help="Comma list of branch counts for the draft model and auto rows (tree drafting, e.g. 1,2,3)."
+    ),
     temps: str = typer.Option(TEMPS, "--temps", help="Comma list of temperatures (0 = greedy)."),
     prompts: str = typer.Option(suite.SUITE_NAME, "--prompts", help="The built-in suite, or a JSONL / plain-text file."),
     categories: Optional[str] = typer.Option(None, "--categories", help=f"Comma list of categories [{','.join(suite.CATEGORIES)}]."),
@@ -62,10 +66,12 @@ def bench(
     """Measure what pays on this machine: speed-up, acceptance and the cost model, per configuration."""
     ks = _parse_list(draft_tokens, _draft_length, "--draft-tokens")
     temp_list = _parse_list(temps, float, "--temps")
+    branch_list = _parse_list(branches, int, "--branches")
     cats = _parse_list(categories, str, "--categories") if categories else None
     checks = [
         (all(k is None or 1 <= k <= MAX_DRAFT_TOKENS for k in ks), f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, or auto"),
         (all(t >= 0 for t in temp_list), "--temps must be >= 0"),
+        (all(1 <= b <= MAX_BRANCHES for b in branch_list), f"--branches must be between 1 and {MAX_BRANCHES}"),
         (runs >= 1, f"--runs must be at least 1 (got {runs})"),
         (max_tokens >= 1, f"-n/--max-tokens must be at least 1 (got {max_tokens})"),
         (plot_file is None or plot_file.suffix.lower() == ".svg", "--plot writes SVG: give a file ending in .svg"),
@@ -83,12 +89,17 @@ def bench(
             raise UsageError(f"--drafters: unknown drafter {name!r}", hint=f"drafters: {', '.join(DRAFTERS)}")
     if "model" in names and not has_draft:
         raise UsageError("--drafters model needs a draft model", hint="pass --draft PATH or a --pair with a draft")
+    if max(branch_list) > 1 and not (has_draft and {"model", "auto"} & set(names)):
+        raise UsageError(
+            f"--branches {branches} needs a draft model: only the draft model forks",
+            hint="pass --draft PATH and include model or auto in --drafters",
+        )
     # One session serves every row: load the draft if a row may use it; rows pick their drafter.
     uses_model = has_draft and bool({"model", "auto"} & set(names))
     speculates = set(names) != {"none"}
     settings = {**settings, "drafter": "auto" if uses_model else ("lookup" if speculates else "none"), "max_tokens": max_tokens}
     cfg = run_config(settings, threads=threads, debug=False)
-    configs = runner.plan(names, ks, temp_list)
+    configs = runner.plan(names, ks, temp_list, branch_list)
 
     rows: list[dict] = []
     interrupted = False

@@ -27,6 +27,8 @@ PAIR_KEYS: dict[str, type | tuple[type, ...]] = {
     "drafter": str,
     "draft_tokens": (int, str),  # a number, or "auto"
     "p_min": (int, float),
+    "branches": int,
+    "p_split": (int, float),
     "max_tokens": int,
     "chat": bool,
     "system": str,

@@ -26,7 +26,8 @@ DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft 
 MAX_TOKENS = 256  # long enough for a code answer, short enough to come back quickly
 CTX_SIZE = 4096  # room for a page of prompt plus the answer; the KV cache stays small on a laptop
 MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve output room for 64
-N_SEQ = 2  # sequences per context: the main one plus one fork (tree drafting uses more)
+MAX_BRANCHES = 8  # --branches: a tree verify batch holds every branch's nodes, and llama.cpp a seq id per branch
+P_SPLIT = 0.1  # fork where the draft's runner-up has >= 10% (llama.cpp's --draft-p-split)
 AUTO_K_MAX = 31  # -k auto drafts at most this many: verifying 32 tokens costs ~11x one here, 15 often pays more
 DRAFTERS = ("auto", "model", "lookup", "none")
 
@@ -48,6 +49,8 @@ class RunConfig:
     drafter: str = "none"  # one of DRAFTERS
     draft_tokens: int | None = DRAFT_TOKENS  # None: auto, chosen every round by the cost model
     p_min: float = 0.0  # draft model: stop drafting below this confidence (0 = off)
+    branches: int = 1  # draft model: at most this many branches per round (tree drafting when > 1)
+    p_split: float = P_SPLIT  # tree drafting: fork where the runner-up token has at least this probability
     max_tokens: int = MAX_TOKENS
     temp: float = 0.0
     top_k: int = 0
@@ -66,6 +69,8 @@ class RunConfig:
             (self.draft_tokens is None or self.draft_tokens >= 1, f"-k/--draft-tokens must be at least 1 (got {self.draft_tokens})"),
             (self.draft_tokens is None or self.draft_tokens <= MAX_DRAFT_TOKENS, f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS} (got {self.draft_tokens})"),
             (0 <= self.p_min <= 1, f"--p-min must be in [0, 1] (got {self.p_min}); 0 turns it off"),
+            (1 <= self.branches <= MAX_BRANCHES, f"--branches must be in 1..{MAX_BRANCHES} (got {self.branches})"),
+            (0 < self.p_split <= 1, f"--p-split must be in (0, 1] (got {self.p_split})"),
             (self.temp >= 0, f"--temp must be >= 0 (got {self.temp}); 0 means greedy"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p}); 1 turns it off"),
             (0 <= self.min_p <= 1, f"--min-p must be in [0, 1] (got {self.min_p}); 0 turns it off"),
@@ -74,6 +79,11 @@ class RunConfig:
             (self.threads >= 1, f"-t/--threads must be at least 1 (got {self.threads})"),
             (self.drafter in DRAFTERS, f"unknown drafter {self.drafter!r}: use {', '.join(DRAFTERS)}"),
             (self.drafter != "model" or self.draft is not None, "--drafter model needs --draft PATH"),
+            (
+                self.branches == 1 or (self.draft is not None and self.drafter in ("model", "auto")),
+                f"--branches {self.branches} needs a draft model: only the draft model forks "
+                f"({'--drafter ' + self.drafter if self.drafter in ('lookup', 'none') else 'no --draft given'})",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -90,6 +100,8 @@ class RunConfig:
             "drafter": self.drafter,
             "draft_tokens": "auto" if self.draft_tokens is None else self.draft_tokens,
             "p_min": self.p_min,
+            "branches": self.branches,
+            "p_split": self.p_split,
             "max_tokens": self.max_tokens,
             "temp": self.temp,
             "top_k": self.top_k,
@@ -125,7 +137,9 @@ class Session:
                     f"draft {self.draft.name} cannot draft for target {self.target.name}: {why}",
                     hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
                 )
-        ctx = dict(n_ctx=cfg.ctx_size, n_threads=cfg.threads, n_seq=N_SEQ, max_outputs=MAX_DRAFT_TOKENS + 1)
+        # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: draft_tree stops at k nodes deep,
+        # and generate() caps k * branches below.
+        ctx = dict(n_ctx=cfg.ctx_size, n_threads=cfg.threads, n_seq=MAX_BRANCHES, max_outputs=MAX_DRAFT_TOKENS + 1)
         self.target_ctx = stack.enter_context(Context(self.target, **ctx))
         self.draft_ctx = stack.enter_context(Context(self.draft, **ctx)) if self.draft else None
         self.load_seconds = time.perf_counter() - t0
@@ -154,19 +168,23 @@ class Session:
     def generate(self, tokens: list[int], drafter: str | None = None, **overrides) -> Iterator[Event]:
         """Run the engine on prompt tokens. `drafter` overrides the configured one ("none" decodes
         target-only even with a draft loaded: like-for-like baselines); `overrides` replace RunConfig's
-        draft_tokens (None = auto) or Settings fields (benchmarks sweep k)."""
+        draft_tokens (None = auto) and branches, or Settings fields (benchmarks sweep k and branches)."""
         k = overrides.pop("draft_tokens", self.cfg.draft_tokens)
-        drafter_ = self._drafter(drafter or self.cfg.drafter, k, tokens)
+        branches = overrides.pop("branches", self.cfg.branches)
+        drafter_ = self._drafter(drafter or self.cfg.drafter, k, tokens, branches)
         settings = Settings(AUTO_K_MAX, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug)
         settings = replace(settings, draft_tokens=k or AUTO_K_MAX, **overrides)
         if settings.draft_tokens > MAX_DRAFT_TOKENS:
             raise UsageError(f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS}")
         return generate(Sequence.empty(self.target_ctx), drafter_, tokens, settings)
 
-    def _drafter(self, name: str, k: int | None, tokens: list[int]) -> Drafter:
+    def _drafter(self, name: str, k: int | None, tokens: list[int], branches: int = 1) -> Drafter:
         if name == "none":
             return NoDrafter()
-        model = ModelDrafter(Sequence.empty(self.draft_ctx), self.cfg.p_min) if self.draft_ctx is not None else None
+        model = None
+        if self.draft_ctx is not None:
+            draft_seq = Sequence.empty(self.draft_ctx)
+            model = ModelDrafter(draft_seq, self.cfg.p_min, branches, self.cfg.p_split, MAX_DRAFT_TOKENS)
         if name == "model" and model is None:
             raise UsageError("--drafter model needs a draft model", hint="pass --draft PATH")
         if name == "model" and k is not None:

@@ -104,7 +104,19 @@ def stat_rows(stats: Stats) -> list[tuple[str, str]]:
         ("mean accepted", f"{stats.mean_accepted:.2f} tokens per verification (plain decoding: 1.00)"),
         ("per position", pos),
         ("time split", f"draft {stats.draft_seconds:.2f} s, verify {stats.verify_seconds:.2f} s, other {other:.2f} s"),
-    ] + _drafter_rows(stats)
+    ] + _tree_rows(stats) + _drafter_rows(stats)
+
+
+def _tree_rows(stats: Stats) -> list[tuple[str, str]]:
+    """Tree drafting, when a round forked: branches per round, which branch won, verified vs accepted."""
+    if not stats.tree_rounds:
+        return []
+    wins = " ".join(f"{b}:{w}" for b, w in enumerate(stats.branch_wins))
+    return [(
+        "branches",
+        f"{stats.branches / stats.rounds:.2f} per round; {stats.tree_rounds} rounds forked, won by branch {wins}; "
+        f"verified {stats.drafted}, accepted {stats.accepted}",
+    )]  # fmt: skip
 
 
 def _drafter_rows(stats: Stats) -> list[tuple[str, str]]:
@@ -196,7 +208,7 @@ def key_values(title: str, rows: list[tuple[str, str]]) -> None:
 # --- bench -----------------------------------------------------------------------------------------
 def _bench_table(rows: list[dict], title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left")
-    for col, justify in [("drafter", "left"), ("k", "right"), ("temp", "right"), ("tok/s", "right"),
+    for col, justify in [("drafter", "left"), ("k", "right"), ("b", "right"), ("temp", "right"), ("tok/s", "right"),
                          ("speedup", "right"), ("predicted", "right"), ("accept", "right"), ("mean acc", "right"),
                          ("per position", "left"), ("draft", "right"), ("verify", "right"), ("identical", "right")]:  # fmt: skip
         table.add_column(col, justify=justify)
@@ -207,7 +219,7 @@ def _bench_table(rows: list[dict], title: str | None = None) -> Table:
         pred = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x" + (" !" if r["model_gap"] else "")
         ident = "-" if r["identical_to_baseline"] is None else f"{r['identical_to_baseline']:.0%}"
         table.add_row(
-            r["drafter"], str(r["draft_tokens"] or "-"), f"{r['temp']:g}", f"{r['tokens_per_second']:.1f}", speed, pred,
+            r["drafter"], str(r["draft_tokens"] or "-"), str(r.get("branches", 1)), f"{r['temp']:g}", f"{r['tokens_per_second']:.1f}", speed, pred,
             f"{r['accept_rate']:.0%}" if r["drafter"] != "none" else "-", f"{r['mean_accepted']:.2f}",
             " ".join(f"{x:.0%}" for x in r["per_position_accept"]) or "-",
             f"{r['draft_share']:.0%}", f"{r['verify_share']:.0%}", ident,
@@ -253,7 +265,7 @@ class BenchView:
         else:
             r = rows[0]
             done = self._progress.tasks[0]
-            print(f"[{int(done.completed)}/{int(done.total)}] {r['drafter']} k={r['draft_tokens']} temp={r['temp']:g}: "
+            print(f"[{int(done.completed)}/{int(done.total)}] {_label(r)} temp={r['temp']:g}: "
                   f"{r['tokens_per_second']:.1f} tok/s, {r['speedup']:.2f}x", file=sys.stderr)  # fmt: skip
 
 
@@ -279,19 +291,18 @@ def show_bench(rows: list[dict], curve_dict: dict, recommendation: str, header: 
             table.add_column(cat, justify="right")
         configs = []
         for r in rows:
-            key = (r["drafter"], r["draft_tokens"], r["temp"])
+            key = (_label(r), r["temp"])
             if key not in configs:
                 configs.append(key)
         for key in configs:
-            cells = {r["category"]: r["speedup"] for r in rows if (r["drafter"], r["draft_tokens"], r["temp"]) == key}
-            label = f"{key[0]}" + (f" k={key[1]}" if key[1] and key[0] != "auto" else "") + f" temp {key[2]:g}"
-            table.add_row(label, *(f"{cells[c]:.2f}x" if c in cells else "-" for c in categories))
+            cells = {r["category"]: r["speedup"] for r in rows if (_label(r), r["temp"]) == key}
+            table.add_row(f"{key[0]} temp {key[1]:g}", *(f"{cells[c]:.2f}x" if c in cells else "-" for c in categories))
         out.print(table)
     out.print(_chart(rows))
     gaps = [r for r in rows if r["category"] == "all" and r["model_gap"]]
     for r in gaps:
         out.print(
-            f"note: {r['drafter']} k={r['draft_tokens']} temp {r['temp']:g}: measured {r['speedup']:.2f}x but the cost "
+            f"note: {_label(r)} temp {r['temp']:g}: measured {r['speedup']:.2f}x but the cost "
             f"model predicts {r['predicted_speedup']:.2f}x (more than 10% apart: the machine was busy, acceptance "
             "is far from independent per token, or fixed per-round costs dominate, as with tiny models)",
             style="yellow",
@@ -310,10 +321,18 @@ def _chart(rows: list[dict]) -> Text:
     one = round(width / top)
     for temp in sorted({r["temp"] for r in pts}):
         text.append(f"temp {temp:g}\n")
-        for r in sorted((r for r in pts if r["temp"] == temp), key=lambda r: (r["drafter"], str(r["draft_tokens"]).zfill(4))):
+        order = lambda r: (r["drafter"], str(r["draft_tokens"]).zfill(4), r.get("branches", 1))  # noqa: E731
+        for r in sorted((r for r in pts if r["temp"] == temp), key=order):
             n = round(width * r["speedup"] / top)
             bar = "".join("|" if i == one - 1 and i >= n else ("█" if i < n else " ") for i in range(width))
-            text.append(f"  {r['drafter']:<6} k={r['draft_tokens']!s:<4}")
+            text.append(f"  {_label(r, k_for_auto=True):<18}")
             text.append(bar, style="green" if r["speedup"] >= 1.0 else "red")
             text.append(f" {r['speedup']:.2f}x\n")
     return text
+
+
+def _label(r: dict, k_for_auto: bool = False) -> str:
+    """A bench row's configuration in words: 'model k=3 b=2', 'auto', 'none'."""
+    k = r["draft_tokens"]
+    out = r["drafter"] + (f" k={k}" if k and (r["drafter"] != "auto" or k_for_auto) else "")
+    return out + (f" b={r['branches']}" if r.get("branches", 1) > 1 else "")

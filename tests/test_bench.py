@@ -53,6 +53,21 @@ def test_baseline_speedup_is_one_and_greedy_rows_match_it(capsys, models, tmp_pa
     assert 0 < model["accept_rate"] <= 1 and len(model["per_position_accept"]) == 2
 
 
+def test_branch_rows_for_the_draft_model_and_auto(capsys, models, tmp_path):
+    code, doc, rows, out = bench(
+        capsys, models, tmp_path, "--drafters", "none,model,auto", "--draft-tokens", "3", "--branches", "1,2,3",
+        "--categories", "code",
+    )  # fmt: skip
+    assert code == 0, out
+    got = [(r["drafter"], r["branches"]) for r in doc["rows"] if r["category"] == "all"]
+    assert got == [("none", 1), ("model", 1), ("model", 2), ("model", 3), ("auto", 1), ("auto", 2), ("auto", 3)]
+    for r in doc["rows"]:
+        assert r["identical_to_baseline"] == 1.0  # F32 fixtures: trees are exact too
+        assert len(r["branch_wins"]) <= r["branches"] and r["mean_branches"] <= r["branches"]
+    assert {r["branches"] for r in rows} == {"1", "2", "3"}
+    assert "b=3" in out  # the category table names the branch count
+
+
 def test_json_and_csv_agree(capsys, models, tmp_path):
     code, doc, rows, _ = bench(capsys, models, tmp_path, "--draft-tokens", "1,2", "--categories", "rag")
     assert code == 0 and len(rows) == len(doc["rows"])
@@ -141,6 +156,8 @@ def test_prompts_from_jsonl_and_plain_text(tmp_path):
         (["--runs", "0"], "--runs must be at least 1"),
         (["--plot", "chart.png"], "--plot writes SVG"),
         (["--drafters", "magic"], "unknown drafter 'magic'"),
+        (["--branches", "0,2"], "--branches must be between 1 and 8"),
+        (["--branches", "2", "--drafters", "none,lookup"], "--branches 2 needs a draft model"),
         (["--categories", "poetry"], "unknown category poetry"),
         (["--prompts", "missing.jsonl"], "is neither a file nor the suite name"),
     ],

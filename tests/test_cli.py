@@ -49,6 +49,19 @@ def test_json_has_the_contract_keys(capsys, models):
     assert len(s["per_position_accept"]) == 3
 
 
+def test_json_reports_tree_drafting(capsys, models):
+    code, out, err = specdec(
+        capsys, "generate", "hello", "--target", str(models["target"]), "--draft", str(models["draft"]),
+        "--drafter", "model", "-n", "30", "-k", "3", "--branches", "3", "--p-split", "0.02", "--json", "-t", "2",
+    )  # fmt: skip
+    assert code == 0, err
+    obj = json.loads(out)
+    s = obj["stats"]
+    assert obj["config"]["branches"] == 3 and obj["config"]["p_split"] == 0.02
+    assert s["tree_rounds"] > 0 and sum(s["branch_wins"]) == s["tree_rounds"] and len(s["branch_wins"]) <= 3
+    assert 1 < s["mean_branches"] <= 3
+
+
 def test_drafter_none_ignores_draft_and_reports_plain_decoding(capsys, models):
     code, out, _ = specdec(
         capsys, "generate", "hello", "--target", str(models["target"]), "--draft", str(models["draft"]),
@@ -95,6 +108,10 @@ def test_chat_template_is_applied_by_default_when_present(capsys, models):
         (["--target", "{target}", "--drafter", "magic"], 2, "'magic' is not one of"),
         (["--target", "{target}", "--draft", "{draft}", "--p-min", "1.5"], 2, "--p-min must be in [0, 1]"),
         (["--target", "{target}", "--draft", "{draft}", "--p-min", "-0.1"], 2, "--p-min must be in [0, 1]"),
+        (["--target", "{target}", "--branches", "2"], 2, "--branches 2 needs a draft model"),
+        (["--target", "{target}", "--draft", "{draft}", "--drafter", "lookup", "--branches", "2"], 2, "needs a draft model"),
+        (["--target", "{target}", "--draft", "{draft}", "--branches", "0"], 2, "--branches must be in 1..8"),
+        (["--target", "{target}", "--draft", "{draft}", "--p-split", "0"], 2, "--p-split must be in (0, 1]"),
         (["--target", "{target}", "--draft", "{draft}", "-k", "many"], 2, "must be a whole number or 'auto'"),
         (["--target", "{target}", "--draft", "{draft}", "-k", "64"], 2, "--draft-tokens must be at most 63"),
         (["--target", "{recurrent}", "--drafter", "lookup"], 1, "cannot be used for speculative decoding"),

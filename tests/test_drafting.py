@@ -128,7 +128,7 @@ def test_auto_learns_lookup_acceptance_from_rounds_it_did_not_draft():
     for _ in range(20):
         draft = auto.propose(committed, 8, GREEDY, RNG)
         assert draft.tokens == []
-        auto.observe(draft, 0, 9, 0.03, 0.0)  # the target's token was lookup's guess
+        auto.observe(draft, 0, 9, 0.03, 0.0, [])  # the target's token was lookup's guess
     assert auto.lookup_accept.mean(3) > max(before, 0.9)
 
 

@@ -184,6 +184,7 @@ class Context:
         self.n_ctx = L.llama_n_ctx(self._ptr)
         self.n_batch = L.llama_n_batch(self._ptr)
         self.n_vocab = model.n_vocab
+        self.n_seq = n_seq
         self.memory = L.llama_get_memory(self._ptr)
         self._batch = Batch(self.n_batch, n_seq)
         self.decode_seconds = 0.0  # time inside llama_decode, to tell model cost from our overhead
@@ -207,16 +208,22 @@ class Context:
         buffer, valid until the next decode: read them, never keep them.
         """
         n = len(tokens)
+        return self.decode_tree(tokens, list(range(pos0, pos0 + n)), [(seq_id,)] * n, outputs == "all")
+
+    def decode_tree(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], all_rows: bool = True) -> np.ndarray:
+        """Decode tokens at their own positions, each in one or more sequences (a token shared by several
+        branches of a tree is computed once). Rows as in `decode`: one per token, or the last only."""
+        n = len(tokens)
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
-        self._batch.fill(tokens, pos0, seq_id, outputs == "all")
+        self._batch.fill(tokens, pos, seqs, all_rows)
         t0 = time.perf_counter()
         rc = L.llama_decode(self._ptr, self._batch.raw)
         self.decode_seconds += time.perf_counter() - t0
         if rc != 0:
             why = {1: "no free slot in the KV cache (context full)", 2: "aborted"}.get(rc, f"code {rc}")
             raise SpecdecError(f"llama_decode failed on {self.model.name}: {why}")
-        n_out = n if outputs == "all" else 1
+        n_out = n if all_rows else 1
         ptr = L.llama_get_logits(self._ptr)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
 
@@ -243,15 +250,16 @@ class Batch:
         self.raw = L.llama_batch_init(capacity, 0, n_seq)
         self._live = True
 
-    def fill(self, tokens: list[int], pos0: int, seq_id: int, all_logits: bool) -> None:
+    def fill(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], all_logits: bool) -> None:
         b = self.raw
         n = len(tokens)
         b.n_tokens = n
         for i, t in enumerate(tokens):
             b.token[i] = t
-            b.pos[i] = pos0 + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq_id
+            b.pos[i] = pos[i]
+            b.n_seq_id[i] = len(seqs[i])
+            for j, s in enumerate(seqs[i]):
+                b.seq_id[i][j] = s
             b.logits[i] = all_logits
         b.logits[n - 1] = True
 

@@ -20,10 +20,10 @@ MODEL_GAP = 0.10  # predicted and measured speed-ups should agree within ~10%; l
 PAYS = 1.03  # a configuration "pays" from 3% faster than target-only (below that it is noise)
 
 COLUMNS = [
-    "drafter", "draft_tokens", "temp", "category", "prompts", "generated_tokens", "tokens_per_second",
+    "drafter", "draft_tokens", "branches", "temp", "category", "prompts", "generated_tokens", "tokens_per_second",
     "baseline_tokens_per_second", "speedup", "accept_rate", "per_token_accept", "mean_accepted", "per_position_accept",
     "draft_share", "verify_share", "predicted_speedup", "model_gap", "identical_to_baseline",
-    "predicted_tokens_per_round", "drafter_rounds",
+    "predicted_tokens_per_round", "drafter_rounds", "mean_branches", "branch_wins",
 ]  # fmt: skip
 
 
@@ -49,6 +49,7 @@ def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list
             {
                 "drafter": cfg.drafter,
                 "draft_tokens": "auto" if cfg.draft_tokens is None else cfg.draft_tokens,
+                "branches": cfg.branches,
                 "temp": cfg.temp,
                 "category": category,
                 "prompts": len(idx),
@@ -68,6 +69,9 @@ def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list
                 # auto: what the cost model expected per round, against mean_accepted (what came)
                 "predicted_tokens_per_round": round(both[0], 4) if both else None,
                 "drafter_rounds": {name: d.rounds for name, d in sorted(mine.by_drafter.items())},
+                # tree drafting: mean branches verified per round, and rounds won by each branch
+                "mean_branches": round(mine.branches / mine.rounds, 4) if mine.rounds else 0.0,
+                "branch_wins": list(mine.branch_wins),
             }
         )
     return out
@@ -77,8 +81,8 @@ def _predicted(curve: CostCurve, stats: Stats, cfg) -> float | None:
     """Leviathan's speed-up with the measured costs, for a fixed draft length (auto predicts per round)."""
     if cfg.is_baseline:
         return 1.0
-    if cfg.draft_tokens is None or cfg.drafter == "auto":
-        return None
+    if cfg.draft_tokens is None or cfg.drafter == "auto" or cfg.branches > 1:
+        return None  # auto predicts per round; a tree's yield is not the chain's geometric series
     if cfg.drafter == "lookup":  # a lookup draft costs no decode
         curve = replace(curve, draft=0.0, draft_catch_up=None)
     elif curve.draft is None:
@@ -94,6 +98,7 @@ def recommendation(rows: list[dict], curve: CostCurve) -> str:
         return "Only the baseline ran: add --drafters model (with a draft) to see what speculation does here."
     best = max(overall, key=lambda r: r["speedup"])
     how = f"--drafter {best['drafter']}" + (f" -k {best['draft_tokens']}" if best["drafter"] != "auto" else "")
+    how += f" --branches {best['branches']}" if best.get("branches", 1) > 1 else ""
     how += f" --temp {best['temp']:g}" if best["temp"] else ""
     if best["speedup"] >= PAYS:
         return (
@@ -153,6 +158,7 @@ def to_csv(rows: list[dict]) -> str:
         w.writerow({
             **r, "per_position_accept": " ".join(str(x) for x in r["per_position_accept"]),
             "drafter_rounds": " ".join(f"{k}:{v}" for k, v in r["drafter_rounds"].items()),
+            "branch_wins": " ".join(str(x) for x in r["branch_wins"]),
         })  # fmt: skip
     return buf.getvalue()
 
@@ -164,7 +170,7 @@ def to_svg(rows: list[dict]) -> str:
     levels: list[tuple[str, float]] = []
     for r in rows:
         if r["category"] == "all" and r["drafter"] != "none":
-            name = f"{r['drafter']} temp {r['temp']:g}"
+            name = f"{r['drafter']}" + (f" b={r['branches']}" if r.get("branches", 1) > 1 else "") + f" temp {r['temp']:g}"
             if isinstance(r["draft_tokens"], int):
                 series.setdefault(name, []).append((r["draft_tokens"], r["speedup"]))
             else:

@@ -18,6 +18,7 @@ class Config:
     drafter: str  # "none" (the baseline) | "model" | "lookup" | "auto"
     draft_tokens: int | None  # 0 for the baseline; None: auto, chosen every round
     temp: float
+    branches: int = 1  # tree drafting: at most this many branches per round (model and auto)
 
     @property
     def is_baseline(self) -> bool:
@@ -25,9 +26,10 @@ class Config:
 
     @property
     def label(self) -> str:
+        tree = f" b={self.branches}" if self.branches > 1 else ""
         if self.is_baseline or self.drafter == "auto":
-            return self.drafter
-        return f"{self.drafter} k={'auto' if self.draft_tokens is None else self.draft_tokens}"
+            return self.drafter + tree
+        return f"{self.drafter} k={'auto' if self.draft_tokens is None else self.draft_tokens}{tree}"
 
 
 @dataclass(frozen=True)
@@ -43,17 +45,18 @@ class RowResult:
     baseline: list[Run]  # the baseline's runs on the same prompts, interleaved with these
 
 
-def plan(drafters: list[str], draft_tokens: list[int | None], temps: list[float]) -> list[Config]:
+def plan(drafters: list[str], draft_tokens: list[int | None], temps: list[float], branches: list[int] = [1]) -> list[Config]:
     """The baseline first in each temperature, then every drafter at every draft length (None: auto);
-    the auto drafter once, choosing its own lengths."""
+    the auto drafter once, choosing its own lengths. The draft model and auto once per branch count."""
     configs = []
     for temp in temps:
         configs.append(Config("none", 0, temp))
         for d in drafters:
+            trees = branches if d in ("model", "auto") else [1]
             if d == "auto":
-                configs.append(Config(d, None, temp))
+                configs += [Config(d, None, temp, b) for b in trees]
             elif d != "none":
-                configs += [Config(d, k, temp) for k in draft_tokens]
+                configs += [Config(d, k, temp, b) for k in draft_tokens for b in trees]
     return configs
 
 
@@ -81,7 +84,7 @@ def sweep(
         s = Sampler(config.temp, sampler.top_k, sampler.top_p, sampler.min_p)
         stats, ids = Stats(), []
         for event in session.generate(
-            encoded[i], drafter=config.drafter, draft_tokens=config.draft_tokens,
+            encoded[i], drafter=config.drafter, draft_tokens=config.draft_tokens, branches=config.branches,
             max_tokens=max_tokens, sampler=s, seed=seed + i,
         ):  # fmt: skip
             stats.add(event)

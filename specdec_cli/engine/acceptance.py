@@ -43,3 +43,56 @@ def speculative_accept(
             residual = p[i]
         return i, draw(residual, rng)
     return len(draft), draw(p[len(draft)], rng)
+
+
+# --- trees: several drafted continuations verified in one target pass --------------------------------
+# A tree of n draft nodes: tokens[i] with parents[i] (-1: the last committed token). Target rows p has
+# n+1 rows: row 0 after the last committed token, row i+1 after node i. Both rules return (path, token):
+# the accepted nodes from the root down, then one token from the target. A chain is the tree
+# parents = (-1, 0, 1, ...), on which both rules reduce to the ones above.
+
+
+def greedy_tree_accept(target_argmax: list[int], tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """Temperature 0: walk down while some child carries the target's own choice."""
+    path: list[int] = []
+    node = -1
+    while True:
+        want = target_argmax[node + 1]
+        child = next((i for i, d in enumerate(tokens) if parents[i] == node and d == want), None)
+        if child is None:
+            return path, want
+        path.append(child)
+        node = child
+
+
+def multi_draft_accept(
+    p: np.ndarray, q: np.ndarray | None, tokens: list[int], parents: list[int], rng: np.random.Generator
+) -> tuple[list[int], int]:
+    """SpecInfer (Miao et al. 2024) multi-step speculative sampling: the output is distributed exactly as p.
+
+    # At a node, try its children in turn: accept d with probability min(1, r(d) / q_c(d)), r starting at p;
+    # on a rejection r <- norm(max(0, r - q_c)). No child accepted: sample from the final r.
+    q[c] is the distribution child c was drawn from given its earlier siblings (the draft's q with
+    earlier siblings removed), or q is None for point masses (deterministic drafts).
+    """
+    path: list[int] = []
+    node = -1
+    while True:
+        r = p[node + 1]
+        for c in (i for i, parent in enumerate(parents) if parent == node):
+            d = tokens[c]
+            q_c = _point(d, len(r)) if q is None else q[c]
+            if rng.random() * q_c[d] < r[d]:
+                path.append(c)
+                node = c
+                break
+            residual = np.maximum(r - q_c, 0.0)
+            r = residual / residual.sum() if residual.sum() > 0.0 else r  # ~0: the rejection had probability ~0
+        else:
+            return path, draw(r, rng)
+
+
+def _point(d: int, n: int) -> np.ndarray:
+    e = np.zeros(n)
+    e[d] = 1.0
+    return e

@@ -108,7 +108,7 @@ class AutoDrafter:
             draft_cost = self._model_cost(k, catch_up)
             k_model, rate, _ = best_length([a] * k, self.costs, draft_cost)
             if k_model and rate > best_rate:
-                return self._draft_model(committed, k, sampler, rng, catch_up)
+                return self._draft_model(committed, k, sampler, rng, catch_up, rate)
         if choice == "lookup":
             self._shadow = None
             return lookup_draft
@@ -118,7 +118,7 @@ class AutoDrafter:
         """Seconds to draft 1..k tokens with the model: k decodes, the first one also feeding the gap."""
         return catch_up + np.arange(1, k + 1) * (self.costs.draft or 0.0)
 
-    def _draft_model(self, committed: list[int], k: int, sampler: Sampler, rng, catch_up: float) -> Draft:
+    def _draft_model(self, committed: list[int], k: int, sampler: Sampler, rng, catch_up: float, rate: float) -> Draft:
         a_next = self.model_rate.mean
 
         def keep_going(confidence: list[float]) -> bool:
@@ -131,7 +131,22 @@ class AutoDrafter:
             more = e[j + 1] / (cost[j] + self.costs.verify(j + 2))
             return more > stop
 
-        draft = self.model.propose(committed, k, sampler, rng, keep_going)
+        def fork_pays(confidence: list[float], runner_up: float, left: int, nodes: int) -> bool:
+            # A fork pays for its verify and draft tokens only with the tokens after its first one:
+            # where the runner-up is right, the round's correction would have given that one anyway.
+            reach = float(np.prod([self.model_accept.mean(c) for c in confidence]))
+            gain = reach * self.model_accept.mean(runner_up) * sum(a_next**i for i in range(1, left))
+            # The fork's draft tokens ride in batched draft decodes: priced at this hardware's marginal batch cost.
+            marginal = self.costs.verify(2) / self.costs.verify(1) - 1.0
+            draft = (left - 1) * (self.costs.draft or 0.0) * marginal
+            extra = self.costs.verify(nodes + 1 + left) - self.costs.verify(nodes + 1) + draft
+            return gain > rate * extra
+
+        tree = self.model.branches > 1
+        draft = self.model.propose(committed, k, sampler, rng, keep_going, fork_pays if tree else None)
+        if draft.parents is not None:  # a tree is verified whole; its batched decodes say little of one token's cost
+            self._decodes = 0
+            return replace(draft, predicted=self._tree_tokens(draft))
         accept = [self.model_accept.mean(c) for c in draft.confidence]
         # The decodes are spent; verify only the prefix that maximises this round's expected rate.
         spent = catch_up + len(draft.tokens) * (self.costs.draft or 0.0)
@@ -145,10 +160,19 @@ class AutoDrafter:
             k=keep,
         )  # fmt: skip
 
-    def observe(self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float) -> None:
+    def _tree_tokens(self, draft: Draft) -> float:
+        """Expected tokens from a tree round: 1 + the sum over nodes of P(its whole path is accepted)."""
+        reach = []
+        for i, parent in enumerate(draft.parents):
+            reach.append((reach[parent] if parent >= 0 else 1.0) * self.model_accept.mean(draft.confidence[i]))
+        return 1.0 + float(sum(reach))
+
+    def observe(
+        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
+    ) -> None:
         n = len(draft.tokens)
         self.costs.observe_verify(n + 1, verify_seconds)
-        first = draft.tokens[0] if accepted else token  # the round's first new token
+        first = draft.tokens[path[0]] if path else token  # the round's first new token
         if draft.source == "lookup":
             for i in range(min(accepted + 1, n)):  # every token up to and including the first rejected one
                 self.lookup_accept.observe(draft.match + i, i < accepted)
@@ -157,15 +181,18 @@ class AutoDrafter:
             length, guess = self._shadow
             self.lookup_accept.observe(length, first == guess)
         if draft.source == "model":
-            for i in range(min(accepted + 1, n)):
-                self.model_accept.observe(draft.confidence[i], i < accepted)
-                self.model_rate.observe(i < accepted)
+            # Checked: the accepted nodes, then every child of the last one (all rejected).
+            end = path[-1] if path else -1
+            parents = draft.parents or tuple(range(-1, n - 1))
+            for i, ok in [(i, True) for i in path] + [(c, False) for c, p in enumerate(parents) if p == end]:
+                self.model_accept.observe(draft.confidence[i], ok)
+                self.model_rate.observe(ok)
             if self._decodes:
                 self.costs.observe_draft(draft_seconds / self._decodes)
 
-    def rollback(self, n: int) -> None:
+    def rollback(self, n: int, winner: int = 0) -> None:
         if self.model is not None:
-            self.model.rollback(n)
+            self.model.rollback(n, winner)
 
     def check(self, committed: list[int]) -> None:
         if self.model is not None:

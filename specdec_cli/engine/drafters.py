@@ -8,8 +8,9 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .kv import Sequence
+from .kv import Branches, Sequence
 from .sampling import Sampler, draw
+from .tree import ForkRule, draft_tree
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,14 @@ class Draft:
     confidence: tuple[float, ...] = ()  # model: the draft's probability of each token it drafted
     entropy: float | None = None  # model: mean entropy (nats) of its distributions over the drafted tokens
     match: int | None = None  # lookup: how many tokens of the text's suffix matched earlier text
+    # Trees (engine/tree.py): the parent of each token (-1: the last committed token) and, per token,
+    # the branches whose path runs through it. None: a chain, the usual case.
+    parents: tuple[int, ...] | None = None
+    branches: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def n_branches(self) -> int:
+        return 1 if self.branches is None else 1 + max((max(bs) for bs in self.branches if bs), default=0)
 
 
 EMPTY = Draft([], None)
@@ -34,10 +43,14 @@ class Drafter(Protocol):
 
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft: ...
 
-    def observe(self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float) -> None:
-        """The round's outcome: `accepted` draft tokens kept, then the target's `token`. Learners learn here."""
+    def observe(
+        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
+    ) -> None:
+        """The round's outcome: `accepted` draft tokens kept (at positions `path` of the draft: 0..accepted-1
+        for a chain, a root-to-node path for a tree), then the target's `token`. Learners learn here."""
 
-    def rollback(self, n: int) -> None: ...
+    def rollback(self, n: int, winner: int = 0) -> None:
+        """Back to the committed text's first n tokens; after a tree round, by way of branch `winner`."""
 
     def check(self, committed: list[int]) -> None: ...
 
@@ -53,10 +66,12 @@ class NoDrafter:
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
         return EMPTY
 
-    def observe(self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float) -> None:
+    def observe(
+        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
+    ) -> None:
         pass
 
-    def rollback(self, n: int) -> None:
+    def rollback(self, n: int, winner: int = 0) -> None:
         pass
 
     def check(self, committed: list[int]) -> None:
@@ -67,13 +82,21 @@ class ModelDrafter:
     """A small GGUF model in its own context, one decode per drafted token.
 
     p_min (llama.cpp's semantics): stop drafting when the draft's probability for its own next token
-    falls below it; that token is not proposed."""
+    falls below it; that token is not proposed. branches > 1: draft a tree (engine/tree.py), forking
+    where the runner-up token has probability >= p_split."""
 
     name = "model"
 
-    def __init__(self, seq: Sequence, p_min: float = 0.0):
-        self.seq = seq
+    def __init__(self, seq: Sequence, p_min: float = 0.0, branches: int = 1, p_split: float = 0.1, max_nodes: int = 63):
+        self.tree = Branches(seq)
         self.p_min = p_min
+        self.branches = branches
+        self.p_split = p_split
+        self.max_nodes = max_nodes  # a tree's nodes + 1 must fit the target's output rows
+
+    @property
+    def seq(self) -> Sequence:
+        return self.tree.main
 
     def prefill(self, tokens: list[int]) -> None:
         self.seq.append(tokens)
@@ -84,9 +107,12 @@ class ModelDrafter:
 
     def propose(
         self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator,
-        keep_going: Callable[[list[float]], bool] | None = None,
+        keep_going: Callable[[list[float]], bool] | None = None, fork_pays: ForkRule | None = None,
     ) -> Draft:  # fmt: skip
-        """Draft up to k tokens; `keep_going(confidences)` may end the draft early (auto's stopping rule)."""
+        """Draft up to k tokens; `keep_going(confidences)` may end the draft early (auto's stopping rule),
+        `fork_pays` may veto a fork (auto's cost model)."""
+        if self.branches > 1:
+            return self._propose_tree(committed, k, sampler, rng, keep_going, fork_pays)
         # The cache may lag the committed text (after a fully accepted round the draft never saw its own
         # last token; auto may not have drafted for a while): the first decode feeds the whole gap.
         feed = committed[len(self.seq) :]
@@ -116,14 +142,31 @@ class ModelDrafter:
             entropy=entropy / len(tokens) if tokens else None,
         )  # fmt: skip
 
-    def observe(self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float) -> None:
+    def _propose_tree(self, committed, k, sampler, rng, keep_going, fork_pays) -> Draft:
+        t = draft_tree(
+            self.tree, committed, k, sampler, rng, self.branches, self.p_split, self.p_min, fork_pays, keep_going,
+            self.max_nodes,
+        )  # fmt: skip
+        if len(t.tips) == 1:  # no fork: a chain, verified the usual way
+            return Draft(
+                t.tokens, np.stack(t.q) if t.q else None, self.name, k, confidence=tuple(t.confidence),
+                entropy=float(np.mean(t.entropy)) if t.tokens else None,
+            )  # fmt: skip
+        return Draft(
+            t.tokens, np.stack(t.q) if t.q else None, self.name, k, confidence=tuple(t.confidence),
+            entropy=float(np.mean(t.entropy)), parents=tuple(t.parents), branches=t.branches(),
+        )  # fmt: skip
+
+    def observe(
+        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
+    ) -> None:
         pass
 
-    def rollback(self, n: int) -> None:
-        self.seq.rollback(n)
+    def rollback(self, n: int, winner: int = 0) -> None:
+        self.tree.settle(winner, n)
 
     def check(self, committed: list[int]) -> None:
-        self.seq.check(committed)
+        self.tree.check(committed)
 
 
 def _confidence(logits: np.ndarray, d: int, q: np.ndarray | None) -> tuple[float, float]:

@@ -38,6 +38,9 @@ class Round:
     k: int = 0  # the draft length chosen for the round; `drafted` is less when the draft ran out early
     predicted: float | None = None  # tokens the cost model expected this round to emit (auto only)
     entropy: float | None = None  # the draft model's mean entropy over its drafted tokens, in nats
+    rejected: bool = False  # the round ended in a correction (not a bonus, not plain decoding)
+    branches: int = 1  # tree drafting: branches verified this round (`drafted` counts every node)
+    winner: int = 0  # the branch whose accepted prefix was kept (0: the main one)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,9 @@ class Sequence:
 
     @classmethod
     def empty(cls, ctx: Context, seq_id: int = 0) -> Sequence:
-        """Sequence `seq_id` cleared of anything an earlier generation left in the cache."""
-        ctx.seq_rm(seq_id, -1, -1)  # removing a whole sequence never fails
+        """Sequence `seq_id` in a cache cleared of anything an earlier generation left (forks included)."""
+        for s in range(ctx.n_seq):
+            ctx.seq_rm(s, -1, -1)  # removing a whole sequence never fails
         return cls(ctx, seq_id)
 
     def __len__(self) -> int:
@@ -59,10 +60,6 @@ class Sequence:
         self.ctx.seq_cp(self.seq_id, seq_id, -1, -1)
         return Sequence(self.ctx, seq_id, self.tokens)
 
-    def keep(self) -> None:
-        """Drop every other sequence from the cache (the winner of a tree round stays)."""
-        self.ctx.seq_keep(self.seq_id)
-
     def check(self, committed: list[int]) -> None:
         """Debug invariant: the cache holds exactly our tokens, and they are a prefix of `committed`."""
         n = len(self.tokens)
@@ -74,3 +71,69 @@ class Sequence:
             )
         if self.tokens != committed[:n]:
             raise KVInvariantError(f"{self.ctx.model.name} seq {self.seq_id}: cached tokens differ from committed text")
+
+
+class Branches:
+    """One context's main sequence (seq id 0) and its forks (1, 2, ...) for a tree round.
+
+    A fork shares its source's cells (seq_cp in a unified cache copies no KV data). After the round
+    `settle` makes the winning branch the main sequence again and drops every other one, so between
+    rounds a context holds exactly one sequence: a prefix of the committed text.
+    """
+
+    def __init__(self, main: Sequence):
+        self.seqs = [main]
+
+    @property
+    def main(self) -> Sequence:
+        return self.seqs[0]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def fork(self, branch: int = 0) -> int:
+        """Open a new branch holding what `branch` holds now; returns its index (= its seq id)."""
+        new = len(self.seqs)
+        self.seqs.append(self.seqs[branch].fork(self.main.seq_id + new))
+        return new
+
+    def decode(self, tokens: list[int], branches: list[tuple[int, ...]]) -> np.ndarray:
+        """ONE decode of tokens[i] in every branch of branches[i], each after what its branches hold;
+        a token shared by several branches is computed once. Returns a logits row per token."""
+        length = [len(s) for s in self.seqs]
+        pos = []
+        for i, bs in enumerate(branches):
+            p = length[bs[0]]
+            if any(length[b] != p for b in bs):
+                raise ValueError(f"token {i} is shared by branches of different lengths")
+            pos.append(p)
+            for b in bs:
+                length[b] += 1
+        seqs = [tuple(self.seqs[b].seq_id for b in bs) for bs in branches]
+        rows = self.main.ctx.decode_tree(tokens, pos, seqs)
+        for t, bs in zip(tokens, branches):
+            for b in bs:
+                self.seqs[b].tokens.append(t)
+        return rows
+
+    def settle(self, winner: int, n: int) -> None:
+        """Keep branch `winner` as the main sequence, drop the others, and roll back to n tokens."""
+        ctx, main = self.main.ctx, self.main
+        if winner:
+            w = self.seqs[winner]
+            ctx.seq_keep(w.seq_id)  # every cell outside the winner is freed, the main sequence's included
+            ctx.seq_cp(w.seq_id, main.seq_id, -1, -1)
+            ctx.seq_rm(w.seq_id, -1, -1)
+            main.tokens = w.tokens
+        else:
+            for s in self.seqs[1:]:
+                ctx.seq_rm(s.seq_id, -1, -1)  # removing a whole sequence never fails
+        del self.seqs[1:]
+        main.rollback(n)
+
+    def check(self, committed: list[int]) -> None:
+        """Debug invariant between rounds: the main sequence is a prefix of `committed`, no fork is left."""
+        self.main.check(committed)
+        for s in range(self.main.seq_id + 1, self.main.ctx.n_seq):
+            if self.main.ctx.seq_pos_range(s) != (-1, -1):
+                raise KVInvariantError(f"{self.main.ctx.model.name} seq {s}: a dropped branch still holds cells")

@@ -77,10 +77,12 @@ class LookupDrafter:
             return Draft([], None, self.name, k)
         return Draft(tokens, None, self.name, k, match=length)
 
-    def observe(self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float) -> None:
+    def observe(
+        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
+    ) -> None:
         pass
 
-    def rollback(self, n: int) -> None:
+    def rollback(self, n: int, winner: int = 0) -> None:
         pass  # no cache: the history is the committed text itself
 
     def check(self, committed: list[int]) -> None:

@@ -6,6 +6,8 @@ Committed text x[0..n); at the start of every round the target's cache holds x[0
   2. verify: ONE target decode over [last, d1..dk] at positions n-1..n-1+k, logits at every row;
   3. accept the longest accepted prefix d1..dm, then the target's correction (m < k) or bonus (m = k);
   4. roll both caches back to the committed text, in `finally`, so an early stop leaves them consistent.
+A tree draft (--branches, engine/tree.py) is verified the same way: one target decode over every
+branch, each in its own forked sequence; the longest accepted branch wins and becomes the main one.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from typing import Iterator
 
 import numpy as np
 
-from .acceptance import greedy_accept, speculative_accept
+from .acceptance import greedy_accept, greedy_tree_accept, multi_draft_accept, speculative_accept
 from .detok import Detokenizer
-from .drafters import Drafter
+from .drafters import Draft, Drafter
 from .events import Event, Origin, Prefilled, Round, Stopped, Token
-from .kv import Sequence
+from .kv import Branches, Sequence
 from .sampling import Sampler
 
 
@@ -33,20 +35,21 @@ class Settings:
     debug: bool = False  # check the KV invariant after every round
 
 
-def generate(target: Sequence, drafter: Drafter, prompt: list[int], settings: Settings) -> Iterator[Event]:
+def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Settings) -> Iterator[Event]:
     """Yield Prefilled, then Token... Round per round, then Stopped. The output is what the target
     alone would produce (greedy: identical; sampling: identically distributed)."""
-    model = target.ctx.model
+    target = Branches(main)
+    model = main.ctx.model
     rng = np.random.default_rng(settings.seed)
     detok = Detokenizer(model.piece)
 
     t0 = time.perf_counter()
-    target.append(prompt[:-1])
+    main.append(prompt[:-1])
     drafter.prefill(prompt[:-1])
     yield Prefilled(len(prompt), time.perf_counter() - t0)
 
     committed = list(prompt)
-    n_ctx = target.ctx.n_ctx
+    n_ctx = main.ctx.n_ctx
     while True:
         generated = len(committed) - len(prompt)
         if generated >= settings.max_tokens:
@@ -60,14 +63,19 @@ def generate(target: Sequence, drafter: Drafter, prompt: list[int], settings: Se
         k = min(settings.draft_tokens, room, settings.max_tokens - generated - 1)
 
         t_round = time.perf_counter()
+        winner = 0
         try:
             draft = drafter.propose(committed, k, settings.sampler, rng)
             t_draft = time.perf_counter()
-            rows = target.append([committed[-1], *draft.tokens], outputs="all")
+            rows = _verify(target, committed[-1], draft)
             t_verify = time.perf_counter()
-            m, token = _accept(rows, draft.tokens, draft.q, settings.sampler, rng)
-            new = [*draft.tokens[:m], token]
-            origins = [Origin.DRAFT] * m + [_final_origin(m, len(draft.tokens))]
+            path, token = _accept(rows, draft, settings.sampler, rng)
+            if path and draft.branches is not None:
+                winner = min(draft.branches[path[-1]])  # every branch through the last accepted node has it
+            m = len(path)
+            new = [*(draft.tokens[i] for i in path), token]
+            origins = [Origin.DRAFT] * m + [_final_origin(path, draft)]
+            rejected = origins[-1] == Origin.CORRECTION
             for i, t in enumerate(new):  # nothing after an end-of-generation token is output
                 if model.is_eog(t):
                     new, origins = new[:i], origins[:i]
@@ -77,10 +85,10 @@ def generate(target: Sequence, drafter: Drafter, prompt: list[int], settings: Se
                 eog = False
             committed += new
         finally:
-            rollback(target, drafter, len(committed) - 1)
+            rollback(target, drafter, len(committed) - 1, winner)
         seconds = time.perf_counter() - t_round
 
-        drafter.observe(draft, m, token, t_verify - t_draft, t_draft - t_round)
+        drafter.observe(draft, m, token, t_verify - t_draft, t_draft - t_round, path)
         if settings.debug:
             target.check(committed)
             drafter.check(committed)
@@ -89,30 +97,49 @@ def generate(target: Sequence, drafter: Drafter, prompt: list[int], settings: Se
         accepted = min(m, len(new) + eog)  # an accepted end-of-generation draft token counts
         yield Round(
             len(draft.tokens), accepted, len(new) + eog, t_draft - t_round, t_verify - t_draft, seconds,
-            draft.source, draft.k, draft.predicted, draft.entropy,
+            draft.source, draft.k, draft.predicted, draft.entropy, rejected, draft.n_branches, winner,
         )  # fmt: skip
         if eog:
             yield Stopped("eos", detok.flush())
             return
 
 
-def rollback(target: Sequence, drafter: Drafter, n: int) -> None:
+def rollback(target: Branches, drafter: Drafter, n: int, winner: int = 0) -> None:
     """Rewind both caches to the committed text minus its last token (which the next round feeds).
 
-    When every draft token was accepted the draft cache is one token short (it never decoded dk);
-    that is fine: a cache may hold a prefix, and the drafter feeds the gap next round.
+    After a tree round branch `winner` becomes the main sequence in both contexts and every other
+    branch is dropped. When every draft token was accepted the draft cache is one token short (it
+    never decoded dk); that is fine: a cache may hold a prefix, and the drafter feeds the gap next round.
     """
-    target.rollback(n)
-    drafter.rollback(n)
+    target.settle(winner, n)
+    drafter.rollback(n, winner)
 
 
-def _accept(rows: np.ndarray, draft: list[int], q: np.ndarray | None, sampler: Sampler, rng) -> tuple[int, int]:
+def _verify(target: Branches, last: int, draft: Draft) -> np.ndarray:
+    """ONE target decode; row 0 follows the last committed token, row i+1 follows draft token i."""
+    if draft.branches is None:
+        return target.main.append([last, *draft.tokens], outputs="all")
+    for _ in range(draft.n_branches - 1):
+        target.fork(0)  # every branch starts from the committed text
+    return target.decode([last, *draft.tokens], [tuple(range(draft.n_branches)), *draft.branches])
+
+
+def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng) -> tuple[list[int], int]:
+    """(accepted draft positions, the target's token) by the rule for the draft's shape."""
     if sampler.greedy:
-        return greedy_accept(rows.argmax(axis=1).tolist(), draft)
+        argmax = rows.argmax(axis=1).tolist()
+        if draft.parents is not None:
+            return greedy_tree_accept(argmax, draft.tokens, list(draft.parents))
+        m, token = greedy_accept(argmax, draft.tokens)
+        return list(range(m)), token
     p = np.stack([sampler.probs(r) for r in rows])
+    q = draft.q
     if q is not None and q.shape[1] != p.shape[1]:  # vocabularies may differ by padding (<= 128 ids)
         q = _fit(q, p.shape[1])
-    return speculative_accept(p, q, draft, rng)
+    if draft.parents is not None:
+        return multi_draft_accept(p, q, draft.tokens, list(draft.parents), rng)
+    m, token = speculative_accept(p, q, draft.tokens, rng)
+    return list(range(m)), token
 
 
 def _fit(q: np.ndarray, n: int) -> np.ndarray:
@@ -122,7 +149,10 @@ def _fit(q: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _final_origin(m: int, k: int) -> Origin:
-    if k == 0:
+def _final_origin(path: list[int], draft: Draft) -> Origin:
+    if not draft.tokens:
         return Origin.PLAIN
-    return Origin.BONUS if m == k else Origin.CORRECTION
+    if draft.parents is None:
+        return Origin.BONUS if len(path) == len(draft.tokens) else Origin.CORRECTION
+    end = path[-1] if path else -1  # a bonus follows a fully accepted branch: a node with no children
+    return Origin.CORRECTION if end in draft.parents else Origin.BONUS

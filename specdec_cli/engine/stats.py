@@ -64,6 +64,9 @@ class Stats:
     emitted: int = 0  # tokens produced by rounds, an end-of-generation token included
     rounds_with_draft: int = 0
     rejections: int = 0  # rounds in which the target rejected a draft token (the round ended in a correction)
+    branches: int = 0  # branches verified, summed over rounds (/ rounds = mean branches per round)
+    tree_rounds: int = 0  # rounds that verified more than one branch
+    branch_wins: list[int] = field(default_factory=list)  # branch_wins[b]: tree rounds won by branch b
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: rounds whose draft token i was accepted
     by_drafter: dict[str, DrafterStats] = field(default_factory=dict)  # "none" | "lookup" | "model"
     prefill_seconds: float = 0.0
@@ -84,11 +87,19 @@ class Stats:
             self.verify_seconds += event.verify_seconds
             self.generation_seconds += event.seconds
             self.by_drafter.setdefault(event.drafter, DrafterStats()).add(event)
+            self.branches += event.branches
+            if event.branches > 1:
+                self.tree_rounds += 1
+                if len(self.branch_wins) < event.branches:
+                    self.branch_wins += [0] * (event.branches - len(self.branch_wins))
+                self.branch_wins[event.winner] += 1
             if event.drafted:
                 self.rounds_with_draft += 1
-                self.rejections += event.accepted < event.drafted
-                if len(self.accepted_at) < event.drafted:
-                    self.accepted_at += [0] * (event.drafted - len(self.accepted_at))
+                self.rejections += event.rejected
+                # Positions are depths: a tree's nodes beyond the chosen k are siblings, not deeper positions.
+                depth = event.drafted if event.branches == 1 else min(event.drafted, event.k or event.drafted)
+                if len(self.accepted_at) < depth:
+                    self.accepted_at += [0] * (depth - len(self.accepted_at))
                 for i in range(event.accepted):
                     self.accepted_at[i] += 1
         elif isinstance(event, Prefilled):
@@ -103,13 +114,17 @@ class Stats:
         total = cls()
         for s in parts:
             for name in ("prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted", "emitted",
-                         "rounds_with_draft", "rejections", "prefill_seconds", "draft_seconds", "verify_seconds",
+                         "rounds_with_draft", "rejections", "branches", "tree_rounds", "prefill_seconds", "draft_seconds", "verify_seconds",
                          "generation_seconds"):  # fmt: skip
                 setattr(total, name, getattr(total, name) + getattr(s, name))
             if len(total.accepted_at) < len(s.accepted_at):
                 total.accepted_at += [0] * (len(s.accepted_at) - len(total.accepted_at))
             for i, a in enumerate(s.accepted_at):
                 total.accepted_at[i] += a
+            if len(total.branch_wins) < len(s.branch_wins):
+                total.branch_wins += [0] * (len(s.branch_wins) - len(total.branch_wins))
+            for i, w in enumerate(s.branch_wins):
+                total.branch_wins[i] += w
             for name, d in s.by_drafter.items():
                 total.by_drafter.setdefault(name, DrafterStats()).merge(d)
         return total
@@ -156,6 +171,9 @@ class Stats:
             "generation_seconds": round(self.generation_seconds, 4),
             "wall_seconds": round(self.prefill_seconds + self.generation_seconds, 4),
             "by_drafter": {name: d.as_dict() for name, d in sorted(self.by_drafter.items())},
+            "mean_branches": round(self.branches / self.rounds, 4) if self.rounds else 0.0,
+            "tree_rounds": self.tree_rounds,
+            "branch_wins": list(self.branch_wins),
         }
 
     def predicted_vs_realised(self) -> tuple[float, float] | None:

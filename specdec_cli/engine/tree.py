@@ -1,0 +1,129 @@
+"""Tree drafting: the draft model forks where it hesitates, and the target verifies every branch at once.
+
+While drafting, wherever the draft's runner-up token has probability >= p_split and fewer than
+`n_max` branches exist, the branch's draft sequence is forked (seq_cp: the cells are shared, not
+copied) and the fork continues from the runner-up. All branches advance together: one draft decode
+per depth carries each branch's newest token in its own sequence. The target then decodes the whole
+tree in ONE batch, a token shared by several branches once with all their sequence ids
+(`Branches.decode`), and the acceptance rules in acceptance.py walk it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .kv import Branches
+from .sampling import Sampler, draw
+
+# fork_pays(confidences along the branch so far, runner-up probability, depths left, nodes so far) -> fork?
+ForkRule = Callable[[list[float], float, int, int], bool]
+
+
+@dataclass
+class Tree:
+    """Draft nodes in creation order (a parent always before its children)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # -1: the last committed token
+    q: list[np.ndarray] = field(default_factory=list)  # sampling: the distribution node i was drawn from
+    confidence: list[float] = field(default_factory=list)  # the draft's probability of node i's token
+    entropy: list[float] = field(default_factory=list)
+    tips: list[int] = field(default_factory=list)  # tips[b]: branch b's deepest node (-1: none yet)
+
+    def add(self, token: int, parent: int, q: np.ndarray | None, confidence: float, entropy: float) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        if q is not None:
+            self.q.append(q)
+        self.confidence.append(confidence)
+        self.entropy.append(entropy)
+        return len(self.tokens) - 1
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from the root down to `node`."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def branches(self) -> tuple[tuple[int, ...], ...]:
+        """For every node, the branches whose path runs through it (the sequence ids it will carry)."""
+        through: list[list[int]] = [[] for _ in self.tokens]
+        for b, tip in enumerate(self.tips):
+            for node in self.path(tip):
+                through[node].append(b)
+        return tuple(tuple(bs) for bs in through)
+
+
+def draft_tree(
+    branches: Branches, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator,
+    n_max: int, p_split: float, p_min: float = 0.0,
+    fork_pays: ForkRule | None = None, keep_going: Callable[[list[float]], bool] | None = None,
+    max_nodes: int = 63,
+) -> Tree:  # fmt: skip
+    """Draft a tree at most k deep, with at most n_max branches and max_nodes nodes; `branches` holds the
+    forks afterwards."""
+    if k <= 0:
+        return Tree(tips=[-1])
+    model = branches.main.ctx.model
+    feed = committed[len(branches.main) :]  # the gap the cache lags behind (at least the last token)
+    rows = [branches.main.append(feed)[0].copy()]  # rows[i]: logits after active branch i's newest token
+    tree = Tree(tips=[-1])
+    active = [0]
+    for depth in range(k):
+        spare = max_nodes - len(tree.tokens) - len(active)  # nodes left for forks at this depth
+        if spare < 0:  # the verify batch would not fit
+            break
+        batch: list[tuple[int, int]] = []  # (branch, token) to decode for the next depth
+        for b, row in zip(list(active), rows):
+            dist = sampler.probs(row) if not sampler.greedy else _softmax(row)
+            d = int(dist.argmax()) if sampler.greedy else draw(dist, rng)
+            if dist[d] < p_min:  # llama.cpp's p-min: this branch stops, its doubtful token unproposed
+                active.remove(b)
+                continue
+            parent = tree.tips[b]
+            tree.tips[b] = tree.add(d, parent, None if sampler.greedy else dist, float(dist[d]), _entropy(dist))
+            candidates = [(b, d)]
+            rest = dist.copy()
+            rest[d] = 0.0
+            r = int(rest.argmax())
+            conf = [tree.confidence[i] for i in tree.path(parent)]
+            if (
+                len(branches) < n_max and spare > 0 and rest[r] >= p_split and rest[r] > 0
+                and (fork_pays is None or fork_pays(conf, float(rest[r]), k - depth, len(tree.tokens)))
+            ):  # fmt: skip
+                # The sibling is drawn from q without the tokens already drafted here (multi_draft_accept).
+                q2 = rest / rest.sum()
+                x = r if sampler.greedy else draw(q2, rng)
+                spare -= 1
+                nb = branches.fork(b)  # shares branch b's cells up to the parent
+                tree.tips.append(tree.add(x, parent, None if sampler.greedy else q2, float(dist[x]), _entropy(q2)))
+                active.append(nb)
+                candidates.append((nb, x))
+            for br, t in candidates:
+                if model.is_eog(t):  # nothing after the end of the text can be used
+                    active.remove(br)
+                else:
+                    batch.append((br, t))
+        if keep_going is not None and 0 in active and not keep_going([tree.confidence[i] for i in tree.path(tree.tips[0])]):
+            break
+        if depth == k - 1 or not batch:
+            break
+        out = branches.decode([t for _, t in batch], [(br,) for br, _ in batch])
+        rows = [out[i].copy() for i in range(len(batch))]
+        active = [br for br, _ in batch]
+    return tree
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max())
+    return z / z.sum()
+
+
+def _entropy(p: np.ndarray) -> float:
+    nz = p[p > 0]
+    return float(-(nz * np.log(nz)).sum())
