@@ -290,3 +290,11 @@ def test_combinations_of_branch_counts_are_planned_for_model_and_auto():
     assert labels == ["none", *(f"model k=3{'' if b == 1 else f' b={b}'}" for b in (1, 2, 3)), "lookup k=3",
                       "auto", "auto b=2", "auto b=3"]  # fmt: skip
     assert [c.branches for c in configs] == [1, 1, 2, 3, 1, 1, 2, 3]
+
+
+def test_trees_run_into_the_end_of_the_context_cleanly(open_pair):
+    # Near the end of the context a tree is cut to the cells left; the run must end with "context" (or the
+    # text's own end), never a llama.cpp error. The debug invariant runs after every round.
+    s = open_pair("draft", drafter="model", branches=8, p_split=0.005, ctx_size=64, max_tokens=1000)
+    _, stats, _ = run_engine(s, "hi", draft_tokens=8)
+    assert stats.stop_reason in ("context", "eos") and stats.tree_rounds > 0

@@ -143,9 +143,10 @@ class ModelDrafter:
         )  # fmt: skip
 
     def _propose_tree(self, committed, k, sampler, rng, keep_going, fork_pays) -> Draft:
+        # Near the end of the context a tree must also fit the cache cells left (a chain needs only positions).
+        room = min(self.max_nodes, self.seq.ctx.n_ctx - len(committed))
         t = draft_tree(
-            self.tree, committed, k, sampler, rng, self.branches, self.p_split, self.p_min, fork_pays, keep_going,
-            self.max_nodes,
+            self.tree, committed, k, sampler, rng, self.branches, self.p_split, self.p_min, fork_pays, keep_going, room,
         )  # fmt: skip
         if len(t.tips) == 1:  # no fork: a chain, verified the usual way
             return Draft(

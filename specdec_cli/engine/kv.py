@@ -33,8 +33,8 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def append(self, tokens: list[int], outputs: str = "last") -> np.ndarray:
-        """Decode `tokens` after what the cache holds; return logits rows ("last" or "all")."""
+    def append(self, tokens: list[int], outputs: str | int = "last") -> np.ndarray:
+        """Decode `tokens` after what the cache holds; return logits rows ("last", "all", or for the last n)."""
         logits = None
         step = self.ctx.n_batch
         for start in range(0, len(tokens), step):  # long prompts go in n_batch chunks
@@ -97,9 +97,10 @@ class Branches:
         self.seqs.append(self.seqs[branch].fork(self.main.seq_id + new))
         return new
 
-    def decode(self, tokens: list[int], branches: list[tuple[int, ...]]) -> np.ndarray:
+    def decode(self, tokens: list[int], branches: list[tuple[int, ...]], rows: int | None = None) -> np.ndarray:
         """ONE decode of tokens[i] in every branch of branches[i], each after what its branches hold;
-        a token shared by several branches is computed once. Returns a logits row per token."""
+        a token shared by several branches is computed once. Returns a logits row per token (or for the
+        last `rows` tokens)."""
         length = [len(s) for s in self.seqs]
         pos = []
         for i, bs in enumerate(branches):
@@ -110,11 +111,11 @@ class Branches:
             for b in bs:
                 length[b] += 1
         seqs = [tuple(self.seqs[b].seq_id for b in bs) for bs in branches]
-        rows = self.main.ctx.decode_tree(tokens, pos, seqs)
+        out = self.main.ctx.decode_tree(tokens, pos, seqs, len(tokens) if rows is None else rows)
         for t, bs in zip(tokens, branches):
             for b in bs:
                 self.seqs[b].tokens.append(t)
-        return rows
+        return out
 
     def settle(self, winner: int, n: int) -> None:
         """Keep branch `winner` as the main sequence, drop the others, and roll back to n tokens."""

@@ -67,7 +67,7 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         try:
             draft = drafter.propose(committed, k, settings.sampler, rng)
             t_draft = time.perf_counter()
-            rows = _verify(target, committed[-1], draft)
+            rows = _verify(target, committed, draft)
             t_verify = time.perf_counter()
             path, token = _accept(rows, draft, settings.sampler, rng)
             if path and draft.branches is not None:
@@ -115,13 +115,21 @@ def rollback(target: Branches, drafter: Drafter, n: int, winner: int = 0) -> Non
     drafter.rollback(n, winner)
 
 
-def _verify(target: Branches, last: int, draft: Draft) -> np.ndarray:
-    """ONE target decode; row 0 follows the last committed token, row i+1 follows draft token i."""
+def _verify(target: Branches, committed: list[int], draft: Draft) -> np.ndarray:
+    """ONE target decode; row 0 follows the last committed token, row i+1 follows draft token i.
+    After a tree round the cache lags the committed text by more than its last token (Branches.settle):
+    the gap goes first in the same decode."""
+    gap = committed[len(target.main) :]
+    if len(gap) + len(draft.tokens) > target.main.ctx.n_batch:  # a tiny context: feed the gap on its own
+        target.main.append(gap[:-1])
+        gap = gap[-1:]
+    rows = len(draft.tokens) + 1
     if draft.branches is None:
-        return target.main.append([last, *draft.tokens], outputs="all")
+        return target.main.append([*gap, *draft.tokens], outputs=rows)
     for _ in range(draft.n_branches - 1):
         target.fork(0)  # every branch starts from the committed text
-    return target.decode([last, *draft.tokens], [tuple(range(draft.n_branches)), *draft.branches])
+    every = tuple(range(draft.n_branches))
+    return target.decode([*gap, *draft.tokens], [every] * len(gap) + list(draft.branches), rows)
 
 
 def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng) -> tuple[list[int], int]:
