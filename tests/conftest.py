@@ -33,6 +33,21 @@ def run_engine(session, prompt: str, **overrides):
     return ids, stats, "".join(text)
 
 
+def sample_counts(session, prompt: str, n: int, **overrides) -> tuple[dict, Stats]:
+    """Generate with seeds 0..n-1: how often each output (a tuple of token ids) came, and the summed statistics."""
+    tokens = session.prompt_tokens(prompt)
+    counts, parts = {}, []
+    for seed in range(n):
+        stats, ids = Stats(), []
+        for event in session.generate(tokens, seed=seed, **overrides):
+            stats.add(event)
+            if isinstance(event, Token):
+                ids.append(event.id)
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+        parts.append(stats)
+    return counts, Stats.combine(parts)
+
+
 def same_distribution(a_counts: dict, b_counts: dict) -> tuple[bool, float, int]:
     """Two-sample chi-square for equal sample sizes, sum (a-b)^2 / (a+b) with df = cells - 1, at the
     1e-4 level (Wilson-Hilferty critical value): (passes, statistic, cells)."""

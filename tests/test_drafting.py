@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import run_engine, same_distribution
+from conftest import run_engine, same_distribution, sample_counts
 
 from specdec_cli.engine.auto import AutoDrafter
 from specdec_cli.engine.costmodel import Costs, best_length, expected_tokens
 from specdec_cli.engine.drafters import Draft
 from specdec_cli.engine.lookup import LookupDrafter, longest_match
-from specdec_cli.engine.events import Token
 from specdec_cli.engine.sampling import Sampler
-from specdec_cli.engine.stats import Stats
 
 GREEDY = Sampler()
 RNG = np.random.default_rng(0)
@@ -218,19 +216,8 @@ def test_lookup_sampling_matches_target_only_distribution(open_pair):
     drafts there), speculative vs target-only sampling, two-sample chi-square at the 1e-4 level."""
     kw = dict(max_tokens=2, temp=1.5, top_k=3)
     spec, plain = open_pair(None, drafter="lookup", **kw), open_pair(None, **kw)
-    counts, drafted = {}, 0
-    for name, s in (("spec", spec), ("plain", plain)):
-        tokens = s.prompt_tokens("abcabcabcab")
-        c = {}
-        for seed in range(1500):
-            stats, pair = Stats(), []
-            for e in s.generate(tokens, seed=seed, draft_tokens=2):
-                stats.add(e)
-                if isinstance(e, Token):
-                    pair.append(e.id)
-            drafted += stats.drafted
-            c[tuple(pair)] = c.get(tuple(pair), 0) + 1
-        counts[name] = c
-    assert drafted > 1000  # lookup did draft
-    ok, stat, cells = same_distribution(counts["spec"], counts["plain"])
+    spec_counts, stats = sample_counts(spec, "abcabcabcab", 1500, draft_tokens=2)
+    plain_counts, _ = sample_counts(plain, "abcabcabcab", 1500, draft_tokens=2)
+    assert stats.drafted > 1000  # lookup did draft
+    ok, stat, cells = same_distribution(spec_counts, plain_counts)
     assert ok and cells > 3, (stat, cells)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import run_engine, same_distribution
+from conftest import run_engine, same_distribution, sample_counts
 
 from specdec_cli.engine.detok import Detokenizer
 from specdec_cli.engine.events import Origin, Round, Stopped, Token
@@ -120,16 +120,9 @@ def test_sampling_matches_target_only_distribution(open_pair):
     """End to end: the first two tokens' joint distribution, speculative vs target-only sampling."""
     kw = dict(max_tokens=2, temp=1.5, top_k=3)
     spec, plain = open_pair("draft", **kw), open_pair(None, **kw)
-    n = 1500
-    counts = {}
-    for name, s in (("spec", spec), ("plain", plain)):
-        tokens = s.prompt_tokens("hello world")
-        c = {}
-        for seed in range(n):
-            pair = tuple(e.id for e in s.generate(tokens, seed=seed, draft_tokens=2) if isinstance(e, Token))
-            c[pair] = c.get(pair, 0) + 1
-        counts[name] = c
-    ok, stat, cells = same_distribution(counts["spec"], counts["plain"])
+    spec_counts, _ = sample_counts(spec, "hello world", 1500, draft_tokens=2)
+    plain_counts, _ = sample_counts(plain, "hello world", 1500, draft_tokens=2)
+    ok, stat, cells = same_distribution(spec_counts, plain_counts)
     assert ok, (stat, cells)
     assert cells > 3  # the test has something to distinguish
 

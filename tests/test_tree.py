@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import config, run_engine, same_distribution
+from conftest import config, run_engine, same_distribution, sample_counts
 from specdec_cli.engine.acceptance import greedy_tree_accept, multi_draft_accept, speculative_accept
 from specdec_cli.engine.auto import AutoDrafter
 from specdec_cli.engine.costmodel import Costs
 from specdec_cli.engine.drafters import ModelDrafter
-from specdec_cli.engine.events import Round, Token
+from specdec_cli.engine.events import Round
 from specdec_cli.engine.kv import Branches, KVInvariantError, Sequence
 from specdec_cli.engine.sampling import Sampler
 from specdec_cli.engine.stats import Stats
@@ -211,21 +211,10 @@ def test_sampling_with_branches_matches_target_only_distribution(open_pair):
     kw = dict(max_tokens=2, temp=1.5, top_k=3)
     spec = open_pair("draft", drafter="model", branches=3, p_split=0.05, **kw)
     plain = open_pair(None, **kw)
-    counts, trees = {}, 0
-    for name, s in (("spec", spec), ("plain", plain)):
-        tokens = s.prompt_tokens("hello world")
-        c = {}
-        for seed in range(1500):
-            stats, pair = Stats(), []
-            for e in s.generate(tokens, seed=seed, draft_tokens=2):
-                stats.add(e)
-                if isinstance(e, Token):
-                    pair.append(e.id)
-            trees += stats.tree_rounds
-            c[tuple(pair)] = c.get(tuple(pair), 0) + 1
-        counts[name] = c
-    assert trees > 500  # most rounds were trees
-    ok, stat, cells = same_distribution(counts["spec"], counts["plain"])
+    spec_counts, stats = sample_counts(spec, "hello world", 1500, draft_tokens=2)
+    plain_counts, _ = sample_counts(plain, "hello world", 1500, draft_tokens=2)
+    assert stats.tree_rounds > 500  # most rounds were trees
+    ok, stat, cells = same_distribution(spec_counts, plain_counts)
     assert ok, (stat, cells)
     assert cells > 3
 

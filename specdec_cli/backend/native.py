@@ -201,24 +201,22 @@ class Context:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str | int) -> np.ndarray:
+    def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str) -> np.ndarray:
         """Decode `tokens` at positions pos0.. and return their logits rows, shape (n_out, n_vocab).
 
-        outputs: "last" (one row), "all" (a row per token) or a number: rows for that many last tokens.
-        The rows are a view into llama.cpp's buffer, valid until the next decode: read them, never keep them.
+        outputs: "last" (one row) or "all" (a row per token). The rows are a view into llama.cpp's
+        buffer, valid until the next decode: read them, never keep them.
         """
         n = len(tokens)
-        rows = {"last": 1, "all": n}.get(outputs, outputs)
-        return self.decode_tree(tokens, list(range(pos0, pos0 + n)), [(seq_id,)] * n, rows)
+        return self.decode_tree(tokens, list(range(pos0, pos0 + n)), [(seq_id,)] * n, outputs == "all")
 
-    def decode_tree(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], rows: int) -> np.ndarray:
+    def decode_tree(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], all_rows: bool = True) -> np.ndarray:
         """Decode tokens at their own positions, each in one or more sequences (a token shared by several
-        branches of a tree is computed once); logits rows for the last `rows` tokens, as in `decode`."""
+        branches of a tree is computed once). Rows as in `decode`: one per token, or the last only."""
         n = len(tokens)
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
-        rows = max(1, min(rows, n))
-        self._batch.fill(tokens, pos, seqs, n - rows)
+        self._batch.fill(tokens, pos, seqs, all_rows)
         t0 = time.perf_counter()
         rc = L.llama_decode(self._ptr, self._batch.raw)
         self.decode_seconds += time.perf_counter() - t0
@@ -226,7 +224,7 @@ class Context:
             why = {1: "no free slot in the KV cache (context full)", 2: "aborted"}.get(rc, f"code {rc}")
             raise SpecdecError(f"llama_decode failed on {self.model.name}: {why}")
         ptr = L.llama_get_logits(self._ptr)
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return np.ctypeslib.as_array(ptr, shape=(n if all_rows else 1, self.n_vocab))
 
     # --- KV memory: used through kv.Sequence, which owns the bookkeeping ---------------------
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
@@ -251,17 +249,18 @@ class Batch:
         self.raw = L.llama_batch_init(capacity, 0, n_seq)
         self._live = True
 
-    def fill(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_output: int) -> None:
-        """Logits are computed for tokens from index `first_output` on (llama.cpp holds few output rows)."""
+    def fill(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], all_logits: bool) -> None:
         b = self.raw
-        b.n_tokens = len(tokens)
+        n = len(tokens)
+        b.n_tokens = n
         for i, t in enumerate(tokens):
             b.token[i] = t
             b.pos[i] = pos[i]
             b.n_seq_id[i] = len(seqs[i])
             for j, s in enumerate(seqs[i]):
                 b.seq_id[i][j] = s
-            b.logits[i] = i >= first_output
+            b.logits[i] = all_logits
+        b.logits[n - 1] = True
 
     def close(self) -> None:
         if self._live:

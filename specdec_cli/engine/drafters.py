@@ -143,19 +143,18 @@ class ModelDrafter:
         )  # fmt: skip
 
     def _propose_tree(self, committed, k, sampler, rng, keep_going, fork_pays) -> Draft:
-        # Near the end of the context a tree must also fit the cache cells left (a chain needs only positions).
-        room = min(self.max_nodes, self.seq.ctx.n_ctx - len(committed))
+        # Near the end of the context a tree must also fit the cache cells left (a chain needs only positions),
+        # and with a tiny context, one decode batch.
+        ctx = self.seq.ctx
+        room = min(self.max_nodes, ctx.n_ctx - len(committed), ctx.n_batch - 1)
         t = draft_tree(
             self.tree, committed, k, sampler, rng, self.branches, self.p_split, self.p_min, fork_pays, keep_going, room,
         )  # fmt: skip
-        if len(t.tips) == 1:  # no fork: a chain, verified the usual way
-            return Draft(
-                t.tokens, np.stack(t.q) if t.q else None, self.name, k, confidence=tuple(t.confidence),
-                entropy=float(np.mean(t.entropy)) if t.tokens else None,
-            )  # fmt: skip
+        forked = len(t.tips) > 1  # without a fork it is a chain, verified the usual way
         return Draft(
             t.tokens, np.stack(t.q) if t.q else None, self.name, k, confidence=tuple(t.confidence),
-            entropy=float(np.mean(t.entropy)), parents=tuple(t.parents), branches=t.branches(),
+            entropy=float(np.mean(t.entropy)) if t.tokens else None,
+            parents=tuple(t.parents) if forked else None, branches=t.branches() if forked else None,
         )  # fmt: skip
 
     def observe(

@@ -33,8 +33,8 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def append(self, tokens: list[int], outputs: str | int = "last") -> np.ndarray:
-        """Decode `tokens` after what the cache holds; return logits rows ("last", "all", or for the last n)."""
+    def append(self, tokens: list[int], outputs: str = "last") -> np.ndarray:
+        """Decode `tokens` after what the cache holds; return logits rows ("last" or "all")."""
         logits = None
         step = self.ctx.n_batch
         for start in range(0, len(tokens), step):  # long prompts go in n_batch chunks
@@ -97,10 +97,9 @@ class Branches:
         self.seqs.append(self.seqs[branch].fork(self.main.seq_id + new))
         return new
 
-    def decode(self, tokens: list[int], branches: list[tuple[int, ...]], rows: int | None = None) -> np.ndarray:
+    def decode(self, tokens: list[int], branches: list[tuple[int, ...]]) -> np.ndarray:
         """ONE decode of tokens[i] in every branch of branches[i], each after what its branches hold;
-        a token shared by several branches is computed once. Returns a logits row per token (or for the
-        last `rows` tokens)."""
+        a token shared by several branches is computed once. Returns a logits row per token."""
         length = [len(s) for s in self.seqs]
         pos = []
         for i, bs in enumerate(branches):
@@ -111,7 +110,7 @@ class Branches:
             for b in bs:
                 length[b] += 1
         seqs = [tuple(self.seqs[b].seq_id for b in bs) for bs in branches]
-        out = self.main.ctx.decode_tree(tokens, pos, seqs, len(tokens) if rows is None else rows)
+        out = self.main.ctx.decode_tree(tokens, pos, seqs)
         for t, bs in zip(tokens, branches):
             for b in bs:
                 self.seqs[b].tokens.append(t)

@@ -59,15 +59,15 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if room < 0:
             yield Stopped("context", detok.flush())
             return
-        # Never draft past the token budget or the context: those tokens could not be used.
-        k = min(settings.draft_tokens, room, settings.max_tokens - generated - 1)
+        # Never draft past the token budget, the context or one decode batch: those tokens could not be used.
+        k = min(settings.draft_tokens, room, main.ctx.n_batch - 1, settings.max_tokens - generated - 1)
 
         t_round = time.perf_counter()
         winner = 0
         try:
             draft = drafter.propose(committed, k, settings.sampler, rng)
             t_draft = time.perf_counter()
-            rows = _verify(target, committed, draft)
+            rows = _verify(target, committed[-1], draft)
             t_verify = time.perf_counter()
             path, token = _accept(rows, draft, settings.sampler, rng)
             if path and draft.branches is not None:
@@ -115,21 +115,13 @@ def rollback(target: Branches, drafter: Drafter, n: int, winner: int = 0) -> Non
     drafter.rollback(n, winner)
 
 
-def _verify(target: Branches, committed: list[int], draft: Draft) -> np.ndarray:
-    """ONE target decode; row 0 follows the last committed token, row i+1 follows draft token i.
-    After a tree round the cache lags the committed text by more than its last token (Branches.settle):
-    the gap goes first in the same decode."""
-    gap = committed[len(target.main) :]
-    if len(gap) + len(draft.tokens) > target.main.ctx.n_batch:  # a tiny context: feed the gap on its own
-        target.main.append(gap[:-1])
-        gap = gap[-1:]
-    rows = len(draft.tokens) + 1
+def _verify(target: Branches, last: int, draft: Draft) -> np.ndarray:
+    """ONE target decode; row 0 follows the last committed token, row i+1 follows draft token i."""
     if draft.branches is None:
-        return target.main.append([*gap, *draft.tokens], outputs=rows)
+        return target.main.append([last, *draft.tokens], outputs="all")
     for _ in range(draft.n_branches - 1):
         target.fork(0)  # every branch starts from the committed text
-    every = tuple(range(draft.n_branches))
-    return target.decode([*gap, *draft.tokens], [every] * len(gap) + list(draft.branches), rows)
+    return target.decode([last, *draft.tokens], [tuple(range(draft.n_branches)), *draft.branches])
 
 
 def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng) -> tuple[list[int], int]:

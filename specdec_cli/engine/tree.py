@@ -91,10 +91,11 @@ def draft_tree(
             rest = dist.copy()
             rest[d] = 0.0
             r = int(rest.argmax())
-            conf = [tree.confidence[i] for i in tree.path(parent)]
             if (
                 len(branches) < n_max and spare > 0 and rest[r] >= p_split and rest[r] > 0
-                and (fork_pays is None or fork_pays(conf, float(rest[r]), k - depth, len(tree.tokens)))
+                and (fork_pays is None or fork_pays(
+                    [tree.confidence[i] for i in tree.path(parent)], float(rest[r]), k - depth, len(tree.tokens)
+                ))
             ):  # fmt: skip
                 # The sibling is drawn from q without the tokens already drafted here (multi_draft_accept).
                 q2 = rest / rest.sum()
