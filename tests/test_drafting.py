@@ -59,6 +59,83 @@ def test_lookup_drafter_needs_min_match_tokens():
     assert draft.tokens == [9, 2, 3]  # the continuation runs to the end of the text so far
 
 
+# --- following an edited copy -----------------------------------------------------------------
+T, EQ, Z, NL, C, S, LB, PE, A, R = range(50, 60)  # `total`, `=`, `0`, newline, `count`, ...
+NEW_NAME = [70, 71]  # `sub` `total`: the rename takes two tokens where the old name took one
+CODE = [5, 6, 7, 8, T, EQ, Z, NL, C, EQ, Z, NL, S, EQ, LB, NL, T, PE, A, NL, R, T, NL]
+PROMPT = [1, 2, 3, *CODE]
+
+
+def test_after_an_edit_the_copy_resumes_past_the_old_token_not_at_the_latest_match():
+    d = LookupDrafter()
+    answer = [5, 6, 7, 8]
+    assert d.propose(PROMPT + answer, 4, GREEDY, RNG).tokens == [T, EQ, Z, NL]
+    answer += [*NEW_NAME, EQ]  # the answer renames `total`; only ` =` matches the code again
+    # ` =` last occurred before `[`: a plain suffix match would propose that. The copy was at `total`.
+    assert longest_match(np.array(PROMPT + answer))[1] == PROMPT.index(LB)
+    draft = d.propose(PROMPT + answer, 4, GREEDY, RNG)
+    assert draft.tokens == [Z, NL, C, EQ]
+    assert draft.match == 5  # the stretch copied so far (5 6 7 8, =) predicts the copy, not the 1-token re-entry
+
+
+def test_a_few_tokens_in_common_are_not_a_copy_to_resume():
+    d = LookupDrafter()
+    answer = [6, 7]  # two tokens agree with the code: mostly chance, not yet a copy
+    assert d.propose(PROMPT + answer, 4, GREEDY, RNG).tokens == [8, T, EQ, Z]
+    answer += [*NEW_NAME, EQ]
+    assert d.propose(PROMPT + answer, 4, GREEDY, RNG).tokens == []  # no re-entry; ` =` alone is too short
+
+
+def test_a_rename_is_learned_once_and_drafted_through_at_its_next_occurrence():
+    d = LookupDrafter()
+    answer = [5, 6, 7, 8]
+    d.propose(PROMPT + answer, 4, GREEDY, RNG)
+    answer += [*NEW_NAME, EQ]
+    d.propose(PROMPT + answer, 4, GREEDY, RNG)
+    answer += [Z, NL, C, EQ, Z, NL, S, EQ, LB, NL]
+    assert d.propose(PROMPT + answer, 4, GREEDY, RNG).tokens == [*NEW_NAME, PE, A]
+    # Where the answer keeps the old name, the substitution is dropped: the next copy proposes `total` again.
+    answer += [T, PE]
+    assert d.propose(PROMPT + answer, 4, GREEDY, RNG).tokens == [A, NL, R, T]
+
+
+def test_a_fully_taken_draft_keeps_the_copy_in_step():
+    d = LookupDrafter()
+    text = list(range(100, 130))
+    assert d.propose(text + text[:3], 4, GREEDY, RNG).tokens == text[3:7]
+    taken = text[:3] + text[3:8]  # all four drafted tokens, then the target's own (the next one) too
+    draft = d.propose(text + taken, 4, GREEDY, RNG)
+    assert draft.tokens == text[8:12] and draft.match == 8
+
+
+def lookup_rounds(prompt: list[int], answer: list[int], k: int) -> list[tuple[int, list[int], int]]:
+    """Greedy rounds of a fixed-k lookup against a known answer: (position, draft, tokens accepted) per round."""
+    d, rounds, i = LookupDrafter(), [], 0
+    while i < len(answer):
+        draft = d.propose(prompt + answer[:i], k, GREEDY, RNG).tokens
+        a = 0
+        while a < len(draft) and i + a < len(answer) and draft[a] == answer[i + a]:
+            a += 1
+        rounds.append((i, draft, a))
+        i += a + 1
+    return rounds
+
+
+def test_a_renamed_identifier_costs_one_rejected_draft_however_often_it_occurs():
+    rng = np.random.default_rng(7)
+    old, new = 99, [97, 98]
+    code = []
+    for _ in range(6):  # lines with repeated tokens, as code has: a plain suffix match is often ambiguous
+        code += [*rng.integers(10, 60, size=6).tolist(), old, *rng.integers(10, 60, size=6).tolist(), 0]
+    answer = [t for c in code for t in (new if c == old else [c])]
+    prompt = [1, 2, old, 3, *new, 4, *code]  # "rename old to new in:" and the code
+    rounds = lookup_rounds(prompt, answer, 8)
+    # Rounds whose draft had the old name where the answer wrote the new one:
+    stumbles = [i for i, draft, a in rounds if a < len(draft) and draft[a] == old and answer[i + a] == new[0]]
+    assert len(stumbles) == 1  # only the first occurrence: every later one is drafted with the new name
+    assert sum(a for _, _, a in rounds) > 0.8 * len(answer)
+
+
 # --- the k-chooser on synthetic cost curves ---------------------------------------------------
 def linear_curve(n_max: int = 32) -> Costs:
     """Verifying n tokens costs n single decodes: drafts can never pay unless always right."""

@@ -22,7 +22,7 @@ class Draft:
     predicted: float | None = None  # expected tokens this round emits, by the cost model (auto only)
     confidence: tuple[float, ...] = ()  # model: the draft's probability of each token it drafted
     entropy: float | None = None  # model: mean entropy (nats) of its distributions over the drafted tokens
-    match: int | None = None  # lookup: how many tokens of the text's suffix matched earlier text
+    match: int | None = None  # lookup: the copied stretch it continues (suffix match, or a copy followed through edits)
     # Trees (engine/tree.py): the parent of each token (-1: the last committed token) and, per token,
     # the branches whose path runs through it. None: a chain, the usual case.
     parents: tuple[int, ...] | None = None
