@@ -25,7 +25,7 @@ MAX_MATCH = 64  # longer matches predict no better, and cost more to confirm
 MIN_MATCH = 2  # a fixed-k lookup drafts only after this many tokens agree: one token is mostly chance
 REENTRY = 16  # after leaving the source, look for the re-entry this many tokens past the point it left
 MIN_COPY = 4  # a departure is an edit (worth re-entering, and learning) only after a copy this long
-PREFER_LONGER = 4  # a match elsewhere must be this much longer than the copy's re-entry to win
+PREFER_LONGER = 4  # a match elsewhere must be this much longer than the followed copy's own to win
 MAX_OLD, MAX_NEW = 4, 8  # a substitution replaces at most 4 source tokens (an identifier) with 1..8
 
 
