@@ -61,7 +61,7 @@ def test_lookup_drafter_needs_min_match_tokens():
 
 # --- following an edited copy -----------------------------------------------------------------
 T, EQ, Z, NL, C, S, LB, PE, A, R = range(50, 60)  # `total`, `=`, `0`, newline, `count`, ...
-NEW_NAME = [70, 71]  # `sub` `total`: the rename takes two tokens where the old name took one
+NEW_NAME = [70, 71]  # the new name takes two tokens where the old took one: spans of unequal length
 CODE = [5, 6, 7, 8, T, EQ, Z, NL, C, EQ, Z, NL, S, EQ, LB, NL, T, PE, A, NL, R, T, NL]
 PROMPT = [1, 2, 3, *CODE]
 

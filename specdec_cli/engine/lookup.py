@@ -8,7 +8,7 @@ An edited copy is where a plain suffix match loses its way: after `total` became
 suffix ` subtotal =` occurs nowhere, and the short ` =` that does most recently followed some other
 name. So the drafter remembers where in the source the copy was (the anchor) and, once the answer
 leaves it, looks for the re-entry just past that point first. The span it skipped and the text the
-answer wrote instead are a substitution (` total` -> ` sub` `total`), applied to later copies: a rename
+answer wrote instead are a substitution (` total` -> ` subtotal`), applied to later copies: a rename
 is then drafted right, and the draft runs through it instead of stopping at every occurrence.
 """
 
