@@ -9,7 +9,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .kv import Branches, Sequence
-from .sampling import Sampler, draw
+from .sampling import Sampler, draw, entropy
 from .tree import ForkRule, draft_tree
 
 
@@ -119,19 +119,17 @@ class ModelDrafter:
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         confidence: list[float] = []
-        entropy = 0.0
+        h = 0.0  # summed entropy of the drafted tokens' distributions
         for _ in range(k):
-            row = self.seq.append(feed)[0]
-            q = sampler.probs(row) if not sampler.greedy else None
-            d = int(row.argmax()) if q is None else draw(q, rng)
-            p_d, h = _confidence(row, d, q)
-            if p_d < self.p_min:
+            dist = sampler.dist(self.seq.append(feed)[0])
+            d = int(dist.argmax()) if sampler.greedy else draw(dist, rng)
+            if dist[d] < self.p_min:
                 break
             tokens.append(d)
-            confidence.append(p_d)
-            entropy += h
-            if q is not None:
-                qs.append(q)
+            confidence.append(float(dist[d]))
+            h += entropy(dist)
+            if not sampler.greedy:
+                qs.append(dist)
             if self.seq.ctx.model.is_eog(d):  # nothing after the end of the text can be used
                 break
             if keep_going is not None and not keep_going(confidence):
@@ -139,7 +137,7 @@ class ModelDrafter:
             feed = [d]
         return Draft(
             tokens, np.stack(qs) if qs else None, self.name, k, confidence=tuple(confidence),
-            entropy=entropy / len(tokens) if tokens else None,
+            entropy=h / len(tokens) if tokens else None,
         )  # fmt: skip
 
     def _propose_tree(self, committed, k, sampler, rng, keep_going, fork_pays) -> Draft:
@@ -168,13 +166,3 @@ class ModelDrafter:
     def check(self, committed: list[int]) -> None:
         self.tree.check(committed)
 
-
-def _confidence(logits: np.ndarray, d: int, q: np.ndarray | None) -> tuple[float, float]:
-    """(probability of d, entropy in nats) under q, or under softmax(logits) when greedy."""
-    if q is not None:
-        nz = q[q > 0]
-        return float(q[d]), float(-(nz * np.log(nz)).sum())
-    z = logits - logits.max()
-    e = np.exp(z)
-    s = float(e.sum())
-    return float(e[d]) / s, float(np.log(s) - (e * z).sum() / s)

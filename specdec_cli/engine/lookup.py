@@ -219,7 +219,6 @@ class LookupDrafter:
         self.copy.follow(h)
         length, start = self.copy.match(h)
         if not length:
-            self.copy.anchor = None
             return 0, []
         return length, self.copy.propose(h, start, k)
 

@@ -38,6 +38,21 @@ class Sampler:
         return p / p.sum()
 
 
+    def dist(self, logits: np.ndarray) -> np.ndarray:
+        """The draft's distribution over its next token: `probs` when sampling; when greedy (which
+        needs none to draw) the plain softmax, for the draft's confidence and entropy."""
+        if not self.greedy:
+            return self.probs(logits)
+        z = np.exp(logits - logits.max())
+        return z / z.sum()
+
+
+def entropy(p: np.ndarray) -> float:
+    """In nats."""
+    nz = p[p > 0]
+    return float(-(nz * np.log(nz)).sum())
+
+
 def _top_p(p: np.ndarray, top_p: float) -> np.ndarray:
     """Keep the smallest most-probable set whose mass reaches top_p (nucleus sampling)."""
     n = 64  # a full sort of a 150k vocabulary costs ~10 ms; the nucleus is usually far smaller

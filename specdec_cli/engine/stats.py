@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .events import Event, Prefilled, Round, Stopped, Token
 
@@ -90,16 +90,14 @@ class Stats:
             self.branches += event.branches
             if event.branches > 1:
                 self.tree_rounds += 1
-                if len(self.branch_wins) < event.branches:
-                    self.branch_wins += [0] * (event.branches - len(self.branch_wins))
+                _grow(self.branch_wins, event.branches)
                 self.branch_wins[event.winner] += 1
             if event.drafted:
                 self.rounds_with_draft += 1
                 self.rejections += event.rejected
                 # Positions are depths: a tree's nodes beyond the chosen k are siblings, not deeper positions.
                 depth = event.drafted if event.branches == 1 else min(event.drafted, event.k or event.drafted)
-                if len(self.accepted_at) < depth:
-                    self.accepted_at += [0] * (depth - len(self.accepted_at))
+                _grow(self.accepted_at, depth)
                 for i in range(event.accepted):
                     self.accepted_at[i] += 1
         elif isinstance(event, Prefilled):
@@ -110,23 +108,21 @@ class Stats:
 
     @classmethod
     def combine(cls, parts: list[Stats]) -> Stats:
-        """Totals over several generations (e.g. a benchmark's prompts): counts and times add up."""
+        """Totals over several generations (e.g. a benchmark's prompts): counts and times add up,
+        per-position and per-branch counts element by element, per-drafter statistics by drafter."""
         total = cls()
         for s in parts:
-            for name in ("prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted", "emitted",
-                         "rounds_with_draft", "rejections", "branches", "tree_rounds", "prefill_seconds", "draft_seconds", "verify_seconds",
-                         "generation_seconds"):  # fmt: skip
-                setattr(total, name, getattr(total, name) + getattr(s, name))
-            if len(total.accepted_at) < len(s.accepted_at):
-                total.accepted_at += [0] * (len(s.accepted_at) - len(total.accepted_at))
-            for i, a in enumerate(s.accepted_at):
-                total.accepted_at[i] += a
-            if len(total.branch_wins) < len(s.branch_wins):
-                total.branch_wins += [0] * (len(s.branch_wins) - len(total.branch_wins))
-            for i, w in enumerate(s.branch_wins):
-                total.branch_wins[i] += w
-            for name, d in s.by_drafter.items():
-                total.by_drafter.setdefault(name, DrafterStats()).merge(d)
+            for f in fields(cls):
+                mine, theirs = getattr(total, f.name), getattr(s, f.name)
+                if isinstance(theirs, list):
+                    _grow(mine, len(theirs))
+                    for i, x in enumerate(theirs):
+                        mine[i] += x
+                elif isinstance(theirs, dict):
+                    for name, d in theirs.items():
+                        mine.setdefault(name, DrafterStats()).merge(d)
+                elif isinstance(theirs, (int, float)):  # (not stop_reason)
+                    setattr(total, f.name, mine + theirs)
         return total
 
     @property
@@ -183,3 +179,8 @@ class Stats:
             return None
         predicted = sum(d.predicted for d in self.by_drafter.values())
         return predicted / n, sum(d.emitted_predicted for d in self.by_drafter.values()) / n
+
+
+def _grow(counts: list[int], n: int) -> None:
+    """Pad a list of counts with zeros to at least n entries."""
+    counts += [0] * (n - len(counts))

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from .kv import Branches
-from .sampling import Sampler, draw
+from .sampling import Sampler, draw, entropy
 
 # fork_pays(confidences along the branch so far, runner-up probability, depths left, nodes so far) -> fork?
 ForkRule = Callable[[list[float], float, int, int], bool]
@@ -80,13 +80,13 @@ def draft_tree(
             break
         batch: list[tuple[int, int]] = []  # (branch, token) to decode for the next depth
         for b, row in zip(list(active), rows):
-            dist = sampler.probs(row) if not sampler.greedy else _softmax(row)
+            dist = sampler.dist(row)
             d = int(dist.argmax()) if sampler.greedy else draw(dist, rng)
             if dist[d] < p_min:  # llama.cpp's p-min: this branch stops, its doubtful token unproposed
                 active.remove(b)
                 continue
             parent = tree.tips[b]
-            tree.tips[b] = tree.add(d, parent, None if sampler.greedy else dist, float(dist[d]), _entropy(dist))
+            tree.tips[b] = tree.add(d, parent, None if sampler.greedy else dist, float(dist[d]), entropy(dist))
             candidates = [(b, d)]
             rest = dist.copy()
             rest[d] = 0.0
@@ -102,7 +102,7 @@ def draft_tree(
                 x = r if sampler.greedy else draw(q2, rng)
                 spare -= 1
                 nb = branches.fork(b)  # shares branch b's cells up to the parent
-                tree.tips.append(tree.add(x, parent, None if sampler.greedy else q2, float(dist[x]), _entropy(q2)))
+                tree.tips.append(tree.add(x, parent, None if sampler.greedy else q2, float(dist[x]), entropy(q2)))
                 active.append(nb)
                 candidates.append((nb, x))
             for br, t in candidates:
@@ -119,12 +119,3 @@ def draft_tree(
         active = [br for br, _ in batch]
     return tree
 
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.exp(logits - logits.max())
-    return z / z.sum()
-
-
-def _entropy(p: np.ndarray) -> float:
-    nz = p[p > 0]
-    return float(-(nz * np.log(nz)).sum())
