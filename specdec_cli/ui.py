@@ -24,6 +24,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from .bench.runner import label
 from .engine.events import Origin, Token
 from .engine.stats import Stats
 
@@ -332,7 +333,5 @@ def _chart(rows: list[dict]) -> Text:
 
 
 def _label(r: dict, k_for_auto: bool = False) -> str:
-    """A bench row's configuration in words: 'model k=3 b=2', 'auto', 'none'."""
-    k = r["draft_tokens"]
-    out = r["drafter"] + (f" k={k}" if k and (r["drafter"] != "auto" or k_for_auto) else "")
-    return out + (f" b={r['branches']}" if r.get("branches", 1) > 1 else "")
+    """A bench row's configuration in words (the JSON rows of older runs have no "branches")."""
+    return label(r["drafter"], r["draft_tokens"], r.get("branches", 1), k_for_auto)

@@ -26,10 +26,15 @@ class Config:
 
     @property
     def label(self) -> str:
-        tree = f" b={self.branches}" if self.branches > 1 else ""
-        if self.is_baseline or self.drafter == "auto":
-            return self.drafter + tree
-        return f"{self.drafter} k={'auto' if self.draft_tokens is None else self.draft_tokens}{tree}"
+        return label(self.drafter, self.draft_tokens, self.branches)
+
+
+def label(drafter: str, draft_tokens: int | str | None, branches: int = 1, k_for_auto: bool = False) -> str:
+    """A configuration in words: 'model k=3 b=2', 'lookup k=auto', 'auto', 'none'. The auto drafter
+    chooses its own k: named only where asked (`k_for_auto`)."""
+    k = "auto" if draft_tokens is None else draft_tokens
+    out = drafter + (f" k={k}" if k and (drafter != "auto" or k_for_auto) else "")
+    return out + (f" b={branches}" if branches > 1 else "")
 
 
 @dataclass(frozen=True)
