@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import sys
 import traceback
@@ -11,8 +13,8 @@ from typing import Optional
 
 import typer
 
-from . import __version__, config, ui
-from .engine.events import Stopped, Token
+from . import __version__, config, signals, ui
+from .engine.events import Notice, Stopped, Token
 from .engine.stats import Stats
 from .errors import SpecdecError, UsageError
 from .cli_bench import bench
@@ -31,7 +33,6 @@ app = typer.Typer(
 app.add_typer(models_app, name="models")
 app.command()(bench)
 
-EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
 
 class DrafterName(str, Enum):
@@ -94,13 +95,16 @@ def generate(
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help=f"Context size in tokens [{CTX_SIZE}]."),
     threads: int = typer.Option(0, "-t", "--threads", help="CPU threads; 0 means every core this process may use."),
     chat: Optional[bool] = typer.Option(
-        None, "--chat/--no-chat", help="Wrap the prompt in the target's chat template (default: on when it has one)."
+        None, "--chat/--no-chat",
+        help="Wrap the prompt in the target's chat template (default: on when it has one). With the template your "
+        "text is only text; with --no-chat control tokens written in it (e.g. <|im_start|>) are parsed as such.",
     ),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt for the chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt for the chat template (needs one)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the live stream."),
     debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; show tracebacks."),
 ) -> None:
     """Generate text from PROMPT with speculative decoding."""
+    system = _text(system, "--system") if system is not None else None
     given = dict(
         target=target, draft=draft, drafter=drafter.value if drafter else None, draft_tokens=draft_tokens,
         p_min=p_min, branches=branches, p_split=p_split, max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, ctx_size=ctx_size,
@@ -134,7 +138,7 @@ def generate(
             title += f" · branches={cfg.branches}" if cfg.branches > 1 else ""
             ui.show_stats(stats, title, live)
     if interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(signals.exit_code())
 
 
 def _consume(events, stream: ui.TokenStream | None) -> tuple[Stats, list[int], str, bool]:
@@ -153,6 +157,8 @@ def _consume(events, stream: ui.TokenStream | None) -> tuple[Stats, list[int], s
                 pieces.append(event.tail)
                 if stream:
                     stream.text(event.tail)
+            elif isinstance(event, Notice):
+                ui.warning(event.message)
     except KeyboardInterrupt:
         stats.stop_reason = "interrupted"
         return stats, ids, "".join(pieces), True
@@ -163,23 +169,44 @@ def _consume(events, stream: ui.TokenStream | None) -> tuple[Stats, list[int], s
 
 def _read_prompt(prompt: str | None) -> str:
     if prompt is not None and prompt != "-":
-        return prompt
+        return _text(prompt, "the PROMPT argument")
     if sys.stdin is None or sys.stdin.isatty():
         raise UsageError("no prompt given", hint="pass PROMPT as an argument, or pipe it: echo 'hi' | specdec generate -")
-    text = sys.stdin.read()
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"standard input is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
+            hint="convert it first, e.g. iconv -f latin1 -t utf-8 FILE | specdec generate -",
+        ) from None
+    if "\0" in text:
+        raise UsageError(f"standard input is binary, not text (a NUL byte at offset {text.index(chr(0))})")
     if not text.strip():
         raise UsageError("the prompt read from standard input is empty")
     return text
+
+
+def _text(value: str, what: str) -> str:
+    """A command-line string as UTF-8 text: Python hands over undecodable argument bytes as surrogates."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} is not valid UTF-8", hint="pass UTF-8 text, or pipe a file: specdec generate - < FILE") from None
+    return value
 
 
 # --- the one error boundary -------------------------------------------------------------------
 _ClickUsageError = typer.BadParameter.__mro__[1]  # Click's UsageError; Typer exports only this subclass
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, restore_signals: bool = True) -> int:
     """Console entry point: every known error becomes one `error: ...` line and an exit status."""
     argv = sys.argv[1:] if argv is None else argv
     show_traceback = "--debug" in argv or os.environ.get("SPECDEC_DEBUG") == "1"
+    _hold_closed_stdio()
+    restore = signals.install()
+    stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
     try:
         code = app(args=argv, prog_name="specdec", standalone_mode=False)
         return code if isinstance(code, int) else 0
@@ -195,13 +222,80 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (KeyboardInterrupt, typer.Abort):
         ui.error("interrupted")
-        return EXIT_INTERRUPTED
+        return signals.exit_code()
+    except BrokenPipeError:  # stdout failed outside Click's own handling of it: as quiet (see _Stdout)
+        return 1
+    except OSError as e:  # the system refused something (a full disk, a read-only folder): not a bug of ours
+        if show_traceback:
+            traceback.print_exc()
+        ui.error(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
+        return 1
     except Exception as e:  # a bug: still one line, unless asked for the traceback
         if show_traceback:
             traceback.print_exc()
         ui.error(f"unexpected {type(e).__name__}: {e}", "rerun with --debug (or SPECDEC_DEBUG=1) for the traceback")
         return 1
+    finally:
+        sys.stdout = stdout
+        if restore_signals:
+            restore()
+        else:
+            signals.over()
+
+
+class _Stdout:
+    """Standard output, with every failure to write it (a closed pipe, a full disk, a descriptor closed
+    before we started) turned into the closed-pipe error, which ends the run quietly with status 1 (as
+    Click does for a pipe): nobody is there to read a message, and the statistics on stderr stand."""
+
+    def __init__(self, stream):
+        self._stream = stream  # None: closed when we started
+
+    def write(self, text: str) -> int:
+        return self._guard(lambda s: s.write(text))
+
+    def flush(self) -> None:
+        self._guard(lambda s: s.flush())
+
+    def _guard(self, op):
+        if self._stream is None:
+            raise BrokenPipeError(errno.EPIPE, "standard output is closed")
+        try:
+            return op(self._stream)
+        except OSError as e:
+            self._stream = None
+            _point_at_null(1)  # what is still buffered can then never fail the interpreter's flush at exit
+            raise BrokenPipeError(errno.EPIPE, f"standard output: {e.strerror}") from None
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno() if self._stream is not None else 1  # 1 now holds /dev/null
+
+    def __getattr__(self, name: str):  # encoding, errors, ... as the real stream has them
+        return getattr(self._stream if self._stream is not None else sys.__stderr__, name)
+
+
+def _hold_closed_stdio() -> None:
+    """A closed stdin, stdout or stderr (`2>&-`) leaves its descriptor free, and the next file opened
+    would take it: a model, a bench file, whose bytes would then mix with our output. Hold each closed
+    one with /dev/null; statistics then go nowhere instead of into the answer."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            _point_at_null(fd)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+
+
+def _point_at_null(fd: int) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    if null != fd:
+        os.dup2(null, fd)
+        os.close(null)
 
 
 def run() -> None:
-    sys.exit(main())
+    sys.exit(main(restore_signals=False))  # our handlers stay, so a late Ctrl-C cannot interrupt the exit

@@ -7,14 +7,14 @@ from typing import Callable, Optional, TypeVar
 
 import typer
 
-from . import config, ui
+from . import config, signals, ui
 from .cli_common import run_config
 from .bench import costs, report, runner, suite
 from .errors import UsageError
-from .session import DRAFTERS, MAX_BRANCHES, MAX_DRAFT_TOKENS, open_session
+from .outputs import output_path, write_atomic
+from .session import CTX_SIZE, DRAFTERS, MAX_BRANCHES, MAX_DRAFT_TOKENS, open_session
 
 T = TypeVar("T")
-EXIT_INTERRUPTED = 130
 
 # --- defaults, one per line ---------------------------------------------------------------------
 DRAFT_TOKENS = "2,3,4"  # fixed lengths for model and lookup around llama.cpp's 3; add 8,15 or auto to see more
@@ -59,6 +59,7 @@ def bench(
     runs: int = typer.Option(RUNS, "--runs", help="Runs per prompt and configuration (median), after one warm-up."),
     threads: int = typer.Option(0, "-t", "--threads", help="CPU threads; 0 means every core this process may use."),
     seed: int = typer.Option(0, "--seed", help="Base seed for sampled rows (prompt i uses seed + i)."),
+    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help=f"Context size in tokens [{CTX_SIZE}]."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON (after every row)."),
     csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV row per configuration and category."),
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write an SVG chart of speed-up vs draft length."),
@@ -74,6 +75,7 @@ def bench(
         (all(1 <= b <= MAX_BRANCHES for b in branch_list), f"--branches must be between 1 and {MAX_BRANCHES}"),
         (runs >= 1, f"--runs must be at least 1 (got {runs})"),
         (max_tokens >= 1, f"-n/--max-tokens must be at least 1 (got {max_tokens})"),
+        (seed >= 0, f"--seed must be >= 0 (got {seed})"),
         (plot_file is None or plot_file.suffix.lower() == ".svg", "--plot writes SVG: give a file ending in .svg"),
     ]
     for ok, message in checks:
@@ -81,7 +83,8 @@ def bench(
             raise UsageError(message)
     prompt_list = suite.load(prompts, cats)
 
-    settings = config.resolve(dict(target=target, draft=draft), pair, config.config_file(config_path))
+    cfg_file = config.config_file(config_path)
+    settings = config.resolve(dict(target=target, draft=draft, ctx_size=ctx_size), pair, cfg_file)
     has_draft = bool(settings.get("draft"))
     names = _parse_list(drafters, str, "--drafters") if drafters else ["none"] + (["model"] if has_draft else []) + ["lookup", "auto"]
     for name in names:
@@ -100,20 +103,29 @@ def bench(
     settings = {**settings, "drafter": "auto" if uses_model else ("lookup" if speculates else "none"), "max_tokens": max_tokens}
     cfg = run_config(settings, threads=threads, debug=False)
     configs = runner.plan(names, ks, temp_list, branch_list)
+    curve_max = max([costs.CURVE_MAX] + [k + 1 for k in ks if k is not None])
+    if cfg.ctx_size < costs.CONTEXT + curve_max:
+        raise UsageError(
+            f"-c/--ctx-size must be at least {costs.CONTEXT + curve_max} for bench (got {cfg.ctx_size}): "
+            f"the cost curve decodes {curve_max} tokens after {costs.CONTEXT} of context"
+        )
+    # Before any model loads: a bad output path should cost nothing, and must never destroy an input.
+    inputs = {
+        "--prompts": None if prompts == suite.SUITE_NAME else Path(prompts),
+        "the config file": cfg_file, "the target model": cfg.target, "the draft model": cfg.draft,
+    }  # fmt: skip
+    json_file, csv_file, plot_file = _outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file}, inputs)
 
     rows: list[dict] = []
     interrupted = False
     with open_session(cfg) as session:
         ui.note(f"measuring the cost curve of {cfg.target.name}" + (f" and {cfg.draft.name}" if cfg.draft else ""))
-        curve = costs.measure(
-            session.target_ctx, session.draft_ctx, session.prompt_tokens(prompt_list[0].text),
-            max([costs.CURVE_MAX] + [k + 1 for k in ks if k is not None]),
-        )
+        curve = costs.measure(session.target_ctx, session.draft_ctx, session.prompt_tokens(prompt_list[0].text), curve_max)
         doc = {
             "machine": {**report.machine(), "threads": cfg.threads},
             "models": {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None},
             "cost_curve": curve.as_dict(),
-            "settings": {"max_tokens": max_tokens, "runs": runs, "seed": seed, "prompts": prompts,
+            "settings": {"max_tokens": max_tokens, "runs": runs, "seed": seed, "ctx_size": cfg.ctx_size, "prompts": prompts,
                          "categories": sorted({p.category for p in prompt_list}), "prompt_count": len(prompt_list)},
             "rows": rows,
         }  # fmt: skip
@@ -141,13 +153,22 @@ def bench(
     ui.show_bench(rows, doc["cost_curve"], doc["recommendation"], header)
     if interrupted:
         ui.note("interrupted: every finished row is kept" + (f" in {json_file}" if json_file else ""))
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(signals.exit_code())
+
+
+def _outputs(files: dict[str, Path | None], inputs: dict[str, Path | None]) -> list[Path | None]:
+    """Each output's file (symlinks resolved), checked in order: none is an input or an earlier output."""
+    checked: dict[str, Path] = {}
+    for option, given in files.items():
+        if given is not None:
+            checked[option] = output_path(given, option, {**inputs, **checked})
+    return [checked.get(option) for option in files]
 
 
 def _write(doc: dict, json_file: Path | None, csv_file: Path | None, plot_file: Path | None) -> None:
     if json_file:
-        report.write_atomic(json_file, report.to_json(doc))
+        write_atomic(json_file, report.to_json(doc))
     if csv_file:
-        report.write_atomic(csv_file, report.to_csv(doc["rows"]))
+        write_atomic(csv_file, report.to_csv(doc["rows"]))
     if plot_file:
-        report.write_atomic(plot_file, report.to_svg(doc["rows"]))
+        write_atomic(plot_file, report.to_svg(doc["rows"]))

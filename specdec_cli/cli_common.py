@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import ui
+from . import config, ui
 from .models import store
 from .models.catalog import KNOWN
 from .errors import UsageError
-from .session import DRAFT_TOKENS, RunConfig, default_threads
+from .session import DRAFT_TOKENS, OptionError, RunConfig, default_threads
 
 
 def model_file(ref: str) -> Path:
@@ -31,7 +31,13 @@ def run_config(settings: dict, *, threads: int, debug: bool) -> RunConfig:
     fields["drafter"] = drafter = settings.get("drafter") or ("auto" if draft else "none")
     fields["draft"] = model_file(draft) if draft and drafter in ("model", "auto") else None
     fields["draft_tokens"] = draft_tokens(settings.get("draft_tokens"), drafter)
-    return RunConfig(**fields, threads=threads or default_threads(), debug=debug)
+    try:
+        return RunConfig(**fields, threads=threads or default_threads(), debug=debug)
+    except OptionError as e:
+        where = settings.get("from_file", {}).get(e.key)
+        if where:  # the value came from the config file: say where, not which flag
+            raise config.ConfigError(*where, e.rule) from None
+        raise
 
 
 def draft_tokens(value: int | str | None, drafter: str) -> int | None:

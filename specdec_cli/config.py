@@ -75,6 +75,8 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, "syntax", str(e)) from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError(path, "syntax", "values are nested too deeply") from None
     except (OSError, UnicodeDecodeError) as e:
         raise SpecdecError(f"cannot read config {path}: {e}") from None
     unknown = set(data) - {"default_pair", "pairs"}
@@ -111,7 +113,8 @@ def resolve(cli: dict[str, Any], pair: str | None, path: Path | None) -> dict[st
     """Merge settings: values given on the command line (not None) win over the pair's.
 
     A pair is used when named with --pair, or when the command line names no target (the default pair).
-    Returns the merged keys of PAIR_KEYS; `target`/`draft` are model names or paths.
+    Returns the merged keys of PAIR_KEYS; `target`/`draft` are model names or paths. `from_file` maps
+    each key the config file set (and the command line did not) to where it is: for error messages.
     """
     default, pairs = load(path)
     given = {k: v for k, v in cli.items() if v is not None}
@@ -125,6 +128,8 @@ def resolve(cli: dict[str, Any], pair: str | None, path: Path | None) -> dict[st
     if "draft" in given and "drafter" not in given:
         merged["drafter"] = "auto"  # naming a draft on the command line means: use it where it pays
     merged["pair"] = name
+    if path is not None:
+        merged["from_file"] = {k: (path, f"pairs.{name}.{k}") for k in pairs[name] if k not in given}
     return merged
 
 

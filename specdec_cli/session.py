@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from contextlib import ExitStack
@@ -21,6 +22,22 @@ from .engine.sampling import Sampler
 from .engine.speculative import Settings, generate
 from .errors import SpecdecError, UsageError
 
+# The option each RunConfig field is set by, for messages.
+FLAGS = {
+    "max_tokens": "-n/--max-tokens", "draft_tokens": "-k/--draft-tokens", "p_min": "--p-min", "branches": "--branches",
+    "p_split": "--p-split", "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+    "seed": "--seed", "ctx_size": "-c/--ctx-size", "threads": "-t/--threads",
+}  # fmt: skip
+
+
+class OptionError(UsageError):
+    """One setting breaks its rule; `key` names the RunConfig field (and config key)."""
+
+    def __init__(self, key: str, rule: str):
+        super().__init__(f"{FLAGS[key]} {rule}")
+        self.key = key
+        self.rule = rule
+
 # --- defaults, one per line ---------------------------------------------------------------------
 DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
 MAX_TOKENS = 256  # long enough for a code answer, short enough to come back quickly
@@ -28,6 +45,7 @@ CTX_SIZE = 4096  # room for a page of prompt plus the answer; the KV cache stays
 MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve output room for 64
 MAX_BRANCHES = 8  # --branches: a tree verify batch holds every branch's nodes, and llama.cpp a seq id per branch
 P_SPLIT = 0.1  # fork where the draft's runner-up has >= 10% (llama.cpp's --draft-p-split)
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: more threads crash llama.cpp
 AUTO_K_MAX = 31  # -k auto drafts at most this many: verifying 32 tokens costs ~11x one here, 15 often pays more
 DRAFTERS = ("auto", "model", "lookup", "none")
 
@@ -38,6 +56,37 @@ def default_threads() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can give without swapping (Linux's MemAvailable); None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_context(n_ctx: int, models: list[tuple[str, Model]]) -> None:
+    """A context no longer than every model was trained for, whose KV caches fit in memory: a bigger
+    one only allocates gigabytes that the model cannot use (or gets the process killed)."""
+    for role, m in models:
+        if n_ctx > m.n_ctx_train > 0:
+            raise UsageError(
+                f"a context of {n_ctx:,} tokens is more than {role} {m.name} was trained for ({m.n_ctx_train:,})",
+                hint=f"use -c/--ctx-size {m.n_ctx_train} or less",
+            )
+    need = n_ctx * sum(m.kv_bytes_per_token() for _, m in models)
+    free = available_memory()
+    if free is not None and need > free:
+        raise UsageError(
+            f"a context of {n_ctx:,} tokens needs {need / 2**30:.1f} GiB of KV cache, but only "
+            f"{free / 2**30:.1f} GiB of memory is available",
+            hint="use a smaller -c/--ctx-size",
+        )
 
 
 @dataclass(frozen=True)
@@ -64,19 +113,30 @@ class RunConfig:
     debug: bool = False
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.max_tokens >= 1, f"-n/--max-tokens must be at least 1 (got {self.max_tokens})"),
-            (self.draft_tokens is None or self.draft_tokens >= 1, f"-k/--draft-tokens must be at least 1 (got {self.draft_tokens})"),
-            (self.draft_tokens is None or self.draft_tokens <= MAX_DRAFT_TOKENS, f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS} (got {self.draft_tokens})"),
-            (0 <= self.p_min <= 1, f"--p-min must be in [0, 1] (got {self.p_min}); 0 turns it off"),
-            (1 <= self.branches <= MAX_BRANCHES, f"--branches must be in 1..{MAX_BRANCHES} (got {self.branches})"),
-            (0 < self.p_split <= 1, f"--p-split must be in (0, 1] (got {self.p_split})"),
-            (self.temp >= 0, f"--temp must be >= 0 (got {self.temp}); 0 means greedy"),
-            (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p}); 1 turns it off"),
-            (0 <= self.min_p <= 1, f"--min-p must be in [0, 1] (got {self.min_p}); 0 turns it off"),
-            (self.top_k >= 0, f"--top-k must be >= 0 (got {self.top_k}); 0 turns it off"),
-            (self.ctx_size >= 16, f"-c/--ctx-size must be at least 16 (got {self.ctx_size})"),
-            (self.threads >= 1, f"-t/--threads must be at least 1 (got {self.threads})"),
+        # (field, ok, rule): the message is the option's flag and the rule; a value that came from the
+        # config file is reported with the file and key instead (cli_common.run_config).
+        floats = ("temp", "top_p", "min_p", "p_min", "p_split")
+        checks = [(f, math.isfinite(getattr(self, f)), f"must be a finite number (got {getattr(self, f)})") for f in floats]
+        checks += [
+            ("max_tokens", self.max_tokens >= 1, f"must be at least 1 (got {self.max_tokens})"),
+            ("draft_tokens", self.draft_tokens is None or self.draft_tokens >= 1, f"must be at least 1 (got {self.draft_tokens})"),
+            ("draft_tokens", self.draft_tokens is None or self.draft_tokens <= MAX_DRAFT_TOKENS, f"must be at most {MAX_DRAFT_TOKENS} (got {self.draft_tokens})"),
+            ("p_min", 0 <= self.p_min <= 1, f"must be in [0, 1] (got {self.p_min}); 0 turns it off"),
+            ("branches", 1 <= self.branches <= MAX_BRANCHES, f"must be in 1..{MAX_BRANCHES} (got {self.branches})"),
+            ("p_split", 0 < self.p_split <= 1, f"must be in (0, 1] (got {self.p_split})"),
+            ("temp", self.temp >= 0, f"must be >= 0 (got {self.temp}); 0 means greedy"),
+            ("top_p", 0 < self.top_p <= 1, f"must be in (0, 1] (got {self.top_p}); 1 turns it off"),
+            ("min_p", 0 <= self.min_p <= 1, f"must be in [0, 1] (got {self.min_p}); 0 turns it off"),
+            ("top_k", self.top_k >= 0, f"must be >= 0 (got {self.top_k}); 0 turns it off"),
+            ("seed", self.seed is None or self.seed >= 0, f"must be >= 0 (got {self.seed})"),
+            ("ctx_size", self.ctx_size >= 16, f"must be at least 16 (got {self.ctx_size})"),
+            ("threads", self.threads >= 1, f"must be at least 1 (got {self.threads})"),
+            ("threads", self.threads <= MAX_THREADS, f"must be at most {MAX_THREADS}, llama.cpp's limit (got {self.threads}; this machine has {os.cpu_count()} cores)"),
+        ]  # fmt: skip
+        for key, ok, rule in checks:
+            if not ok:
+                raise OptionError(key, rule)
+        usage = [
             (self.drafter in DRAFTERS, f"unknown drafter {self.drafter!r}: use {', '.join(DRAFTERS)}"),
             (self.drafter != "model" or self.draft is not None, "--drafter model needs --draft PATH"),
             (
@@ -85,7 +145,7 @@ class RunConfig:
                 f"({'--drafter ' + self.drafter if self.drafter in ('lookup', 'none') else 'no --draft given'})",
             ),
         ]
-        for ok, message in checks:
+        for ok, message in usage:
             if not ok:
                 raise UsageError(message)
 
@@ -137,6 +197,7 @@ class Session:
                     f"draft {self.draft.name} cannot draft for target {self.target.name}: {why}",
                     hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
                 )
+        check_context(cfg.ctx_size, [("target", self.target)] + ([("draft", self.draft)] if self.draft else []))
         # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: draft_tree stops at k nodes deep,
         # and generate() caps k * branches below.
         ctx = dict(n_ctx=cfg.ctx_size, n_threads=cfg.threads, n_seq=MAX_BRANCHES, max_outputs=MAX_DRAFT_TOKENS + 1)
@@ -152,10 +213,25 @@ class Session:
         return has if self.cfg.chat is None else self.cfg.chat
 
     def prompt_tokens(self, prompt: str) -> list[int]:
+        """In chat mode the prompt (and system prompt) is text inside the template; without it, the raw
+        prompt's control-token text is parsed (a raw prompt may want them)."""
+        n_ctx, size = self.target_ctx.n_ctx, len(prompt.encode("utf-8"))
+        # Refuse a text that cannot fit before tokenizing it: llama.cpp's tokenizers are not all linear
+        # (SentencePiece's byte fallback grows its buffer one symbol at a time), and do not see Ctrl-C.
+        if size > n_ctx and size > n_ctx * self.target.max_token_bytes():
+            raise UsageError(
+                f"the prompt has {size:,} bytes, more than a context of {n_ctx:,} tokens can hold "
+                f"(no token of {self.target.name} is longer than {self.target.max_token_bytes()} bytes)",
+                hint="raise -c/--ctx-size or shorten the prompt",
+            )
         if self.uses_chat:
             messages = ([("system", self.cfg.system)] if self.cfg.system else []) + [("user", prompt)]
-            prompt = self.target.apply_chat_template(messages)
-        tokens = self.target.tokenize(prompt, special=True)
+            tokens = self.target.chat_tokens(messages)
+        elif self.cfg.system:
+            why = "--no-chat turns it off" if self.cfg.chat is False else f"{self.target.name} has none"
+            raise UsageError(f"--system needs the chat template, and {why}", hint="put the instructions into the prompt itself")
+        else:
+            tokens = self.target.tokenize(prompt, special=True)
         if not tokens:
             raise UsageError("the prompt is empty")
         if len(tokens) >= self.target_ctx.n_ctx:
@@ -184,7 +260,9 @@ class Session:
         model = None
         if self.draft_ctx is not None:
             draft_seq = Sequence.empty(self.draft_ctx)
-            model = ModelDrafter(draft_seq, self.cfg.p_min, branches, self.cfg.p_split, MAX_DRAFT_TOKENS)
+            model = ModelDrafter(
+                draft_seq, self.cfg.p_min, branches, self.cfg.p_split, MAX_DRAFT_TOKENS, vocab=self.target.n_vocab
+            )
         if name == "model" and model is None:
             raise UsageError("--drafter model needs a draft model", hint="pass --draft PATH")
         if name == "model" and k is not None:

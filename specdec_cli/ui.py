@@ -55,6 +55,10 @@ def error(message: str, hint: str | None = None) -> None:
         _err.print(Text(f"hint: {hint}", style="dim"), soft_wrap=True)
 
 
+def warning(message: str) -> None:
+    _err.print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
+
+
 def note(message: str) -> None:
     _err.print(Text(message, style="dim"))
 

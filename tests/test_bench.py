@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import threading
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from specdec_cli.bench import report, suite
 from specdec_cli.bench.costs import CostCurve, expected_tokens_per_round, predicted_speedup
 from specdec_cli.cli import main
+from specdec_cli.errors import UsageError
 
 
 def bench(capsys, models, tmp_path, *extra: str) -> tuple[int, dict | None, list[dict], str]:
@@ -160,6 +163,8 @@ def test_prompts_from_jsonl_and_plain_text(tmp_path):
         (["--branches", "2", "--drafters", "none,lookup"], "--branches 2 needs a draft model"),
         (["--categories", "poetry"], "unknown category poetry"),
         (["--prompts", "missing.jsonl"], "is neither a file nor the suite name"),
+        (["--seed", "-1"], "--seed must be >= 0 (got -1)"),
+        (["-c", "64"], "-c/--ctx-size must be at least 80 for bench (got 64)"),
     ],
 )
 def test_bad_options_are_clean_errors(capsys, models, args, message):
@@ -180,3 +185,47 @@ def test_predicted_speedup_counts_the_drafts_catch_up_and_plain_cost():
     assert curve.draft_round(0.8, 3) == pytest.approx(draft_round)
     assert predicted_speedup(curve, 0.8, 3) == pytest.approx(2.952 * 0.028 / (draft_round + 0.087))
     assert curve.c == pytest.approx(0.006 / 0.028)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"prompt": null}', '"prompt" must be a non-empty string, not null'),
+        ('{"prompt": 42, "category": "a"}', '"prompt" must be a non-empty string, not 42'),
+        ('{"prompt": "  "}', '"prompt" must be a non-empty string, not "  "'),
+        ('{"prompt": "hi", "category": null}', '"category" must be a non-empty string, not null'),
+        ('{"prompt": "hi", "category": ["a"]}', '"category" must be a non-empty string, not ["a"]'),
+        ('{"category": "a"}', 'expected a JSON object with a "prompt"'),
+        ("null", 'expected a JSON object with a "prompt"'),
+    ],
+)
+def test_a_prompt_line_that_is_not_text_is_refused_with_its_line(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text(f'{{"prompt": "fine"}}\n{line}\n')
+    with pytest.raises(UsageError) as e:
+        suite.load(str(path), None)
+    assert e.value.message.startswith(f"{path}:2: {message}")
+
+
+def test_prompts_from_a_fifo_are_read_once(tmp_path):
+    fifo = tmp_path / "prompts"  # what bash's <(...) gives: a pipe, no suffix
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "w") as f:
+            f.write('{"category": "a", "prompt": "one"}\n{"prompt": "two"}\n')
+
+    threading.Thread(target=feed, daemon=True).start()
+    assert [(p.category, p.text) for p in suite.load(str(fifo), None)] == [("a", "one"), ("file", "two")]
+
+
+def test_ctx_size_is_an_option_and_a_too_long_prompt_names_it(capsys, models, tmp_path):
+    code, doc, _, out = bench(capsys, models, tmp_path, "--drafters", "none", "--categories", "math", "-c", "256")
+    assert code == 0, out
+    assert doc["settings"]["ctx_size"] == 256
+    long = tmp_path / "long.txt"
+    long.write_text("word " * 400 + "\n")
+    code = main(["bench", "--target", str(models["target"]), "--prompts", str(long), "-c", "256", "-t", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "\nerror: the prompt has " in err, err  # the wording is session.prompt_tokens'
+    assert "\nhint: raise -c/--ctx-size or shorten the prompt" in err, err

@@ -209,6 +209,8 @@ def test_auto_learns_lookup_acceptance_from_rounds_it_did_not_draft():
 
 def test_auto_prefers_plain_to_a_draft_model_that_costs_too_much():
     class NeverCalled:
+        failed = False
+
         def lag(self, committed):
             return 1
 

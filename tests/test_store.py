@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections import namedtuple
 
 import pytest
@@ -12,6 +17,7 @@ from specdec_cli.cli import main
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import catalog, store
 from specdec_cli.models.catalog import KnownModel, Part
+from test_cli import one_line_error
 
 PAYLOAD = bytes(range(256)) * 4096 * 3  # 3 MiB, so assembly takes several chunks
 
@@ -126,3 +132,107 @@ def test_models_commands(fake_model, capsys):
 def test_unknown_model_name(capsys):
     assert main(["models", "path", "no-such-model"]) == 1
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_pull_repairs_a_corrupt_model_and_generate_says_how(fake_model, capsys):
+    path = store.model_path(fake_model)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(PAYLOAD[:100])  # a truncated copy
+    with pytest.raises(SpecdecError, match="wrong size") as e:
+        store.ensure(fake_model)  # what generate and models path do: never use it
+    assert "specdec models pull fake" in e.value.hint
+    assert main(["models", "pull", "fake"]) == 0, capsys.readouterr().err
+    assert path.read_bytes() == PAYLOAD and leftovers(fake_model) == ["fake.gguf"]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid  # reaped: no process has it (until the kernel reuses it)
+
+
+def test_stale_partial_of_a_dead_process_is_removed(fake_model):
+    folder = store.model_path(fake_model).parent
+    folder.mkdir(parents=True)
+    stale = folder / f".fake.gguf.{_dead_pid()}.partial"
+    other = folder / f".other.gguf.{_dead_pid()}.partial"
+    stale.write_bytes(PAYLOAD[:1000])
+    other.write_bytes(b"x")
+    store.assemble(fake_model)
+    assert leftovers(fake_model) == ["fake.gguf"]
+
+
+def test_partial_of_a_live_process_is_kept(fake_model):
+    folder = store.model_path(fake_model).parent
+    folder.mkdir(parents=True)
+    live = folder / f".fake.gguf.{os.getppid()}.partial"  # a concurrent pull's work in progress
+    live.write_bytes(b"in progress")
+    store.assemble(fake_model)
+    assert live.read_bytes() == b"in progress"
+    assert leftovers(fake_model) == sorted([live.name, "fake.gguf"])
+
+
+def test_sigterm_during_assembly_removes_the_partial_file(fake_model):
+    # cli.main turns SIGTERM and SIGHUP into KeyboardInterrupt, as Ctrl-C is: assembly's `finally` cleans up.
+    def sigterm_halfway(n, done=[0]):
+        done[0] += n
+        if done[0] > len(PAYLOAD) // 2:
+            assert any(name.endswith(".partial") for name in leftovers(fake_model))
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def as_interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, as_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.assemble(fake_model, sigterm_halfway)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert leftovers(fake_model) == []
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: os.mkfifo(p), "is a FIFO, not a regular file"),
+        (lambda p: p.mkdir(), "is a directory, not a regular file"),
+        (lambda p: p.symlink_to(p.parent / "elsewhere.gguf"), "is a symlink"),
+    ],
+    ids=["fifo", "directory", "symlink"],
+)
+def test_pull_refuses_a_destination_that_is_not_a_regular_file(fake_model, capsys, make, message):
+    path = store.model_path(fake_model)
+    path.parent.mkdir(parents=True)
+    make(path)
+    assert main(["models", "pull", "fake"]) == 1
+    line = one_line_error(capsys.readouterr().err)
+    assert f"cannot assemble fake: {path} {message}" in line, line
+    assert not (path.parent / "elsewhere.gguf").exists()  # nothing written through the link
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["models", "list"], ["models", "list", "--json"], ["models", "pull", "fake"], ["models", "path", "fake"],
+        ["models", "verify"], ["generate", "hi", "--target", "fake", "-n", "1"],
+    ],
+    ids=["list", "list-json", "pull", "path", "verify", "generate"],
+)
+def test_specdec_home_that_is_a_file_is_one_clear_error(fake_model, tmp_path, monkeypatch, capsys, args):
+    home = tmp_path / "home-file"
+    home.write_text("not a folder")
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    assert main(args) == 1
+    line = one_line_error(capsys.readouterr().err)
+    assert line == f"error: cannot use SPECDEC_HOME={home}: {home} is not a directory", line
+
+
+def test_read_only_specdec_home_is_one_clear_error(fake_model, monkeypatch, capsys):
+    def read_only(self, *args, **kw):  # root writes anywhere: simulate EROFS
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(store.Path, "mkdir", read_only)
+    assert main(["models", "pull", "fake"]) == 1
+    line = one_line_error(capsys.readouterr().err)
+    assert line.startswith(f"error: cannot use SPECDEC_HOME={store.home()}: ") and "Read-only file system" in line

@@ -17,7 +17,7 @@ N_LAYER = 2
 N_HEAD = 4
 N_HEAD_KV = 2  # grouped-query attention, like the real models
 N_FF = 128
-N_CTX_TRAIN = 2048
+N_CTX_TRAIN = 32768  # like the real models: -c is bounded by it
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -71,7 +71,10 @@ def add_noise(weights: dict[str, np.ndarray], seed: int, rel: float) -> dict[str
     return out
 
 
-def write_model(path: Path, weights: dict[str, np.ndarray], tokens: list[str], chat_template: str | None = None) -> Path:
+def write_model(
+    path: Path, weights: dict[str, np.ndarray], tokens: list[str], chat_template: str | None = None,
+    types: list[TokenType] | None = None,
+) -> Path:  # fmt: skip
     w = GGUFWriter(str(path), "llama")
     w.add_name(path.stem)
     w.add_context_length(N_CTX_TRAIN)
@@ -83,7 +86,7 @@ def write_model(path: Path, weights: dict[str, np.ndarray], tokens: list[str], c
     w.add_rope_dimension_count(N_EMBD // N_HEAD)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(0)  # all F32
-    _add_byte_tokenizer(w, tokens)
+    _add_byte_tokenizer(w, tokens, types)
     if chat_template:
         w.add_chat_template(chat_template)
     return _finish(w, weights, path)
@@ -99,7 +102,7 @@ def write_recurrent(path: Path) -> Path:
         return (rng.standard_normal(shape) * 0.1).astype(np.float32)
 
     g = GGUFWriter(str(path), "mamba")
-    g.add_context_length(512)
+    g.add_context_length(N_CTX_TRAIN)
     g.add_embedding_length(e)
     g.add_block_count(1)
     g.add_feed_forward_length(0)
@@ -132,11 +135,11 @@ def _finish(w: GGUFWriter, weights: dict[str, np.ndarray], path: Path) -> Path:
     return path
 
 
-def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str]) -> None:
+def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str], types: list[TokenType] | None = None) -> None:
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types([TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * (len(tokens) - 3))
+    w.add_token_types(types or [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * (len(tokens) - 3))
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
@@ -145,14 +148,41 @@ def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str]) -> None:
     w.add_add_space_prefix(False)
 
 
+def nan_weights(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One NaN in the final norm: every logit the model computes is NaN."""
+    norm = weights["output_norm.weight"].copy()
+    norm[0] = np.nan
+    return weights | {"output_norm.weight": norm}
+
+
+EXTRA_TOKENS = 40  # real (normal) tokens past the target's vocabulary: within llama.cpp's 128-id tolerance
+
+
+def write_extra_vocab_draft(path: Path, weights: dict[str, np.ndarray], seed: int = 5) -> Path:
+    """A draft whose vocabulary is the target's plus EXTRA_TOKENS real tokens, which it proposes often:
+    each extra token's output row is twice a random byte token's, so it wins wherever that byte would."""
+    rng = np.random.default_rng(seed)
+    vocab = byte_vocab() + [f"<extra_{i}>" for i in range(EXTRA_TOKENS)]
+    copies = rng.choice(np.arange(3, len(vocab) - EXTRA_TOKENS), EXTRA_TOKENS, replace=False)
+    w = dict(weights)
+    w["output.weight"] = np.concatenate([w["output.weight"], 2.0 * w["output.weight"][copies]])
+    w["token_embd.weight"] = np.concatenate([w["token_embd.weight"], w["token_embd.weight"][copies]])
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
+    return write_model(path, w, vocab, types=types + [TokenType.NORMAL] * EXTRA_TOKENS)
+
+
 def write_fixture_set(folder: Path) -> dict[str, Path]:
     """target, draft (noisy: partial acceptance), same (identical copy: full acceptance),
-    other_vocab (incompatible), chat (target weights with a ChatML template), recurrent (Mamba)."""
+    other_vocab (incompatible), chat (target weights with a ChatML template), recurrent (Mamba);
+    hostile drafts: nan_draft (every logit NaN), extra_vocab (proposes ids the target lacks)."""
     vocab = byte_vocab()
     base = random_weights(seed=1234, n_vocab=len(vocab))
+    noisy = add_noise(base, seed=99, rel=0.02)
     return {
+        "nan_draft": write_model(folder / "nan_draft.gguf", nan_weights(noisy), vocab),
+        "extra_vocab": write_extra_vocab_draft(folder / "extra_vocab.gguf", noisy),
         "target": write_model(folder / "target.gguf", base, vocab),
-        "draft": write_model(folder / "draft.gguf", add_noise(base, seed=99, rel=0.02), vocab),
+        "draft": write_model(folder / "draft.gguf", noisy, vocab),
         "same": write_model(folder / "same.gguf", base, vocab),
         "other_vocab": write_model(folder / "other_vocab.gguf", base, byte_vocab(shuffle_seed=7)),
         "chat": write_model(folder / "chat.gguf", base, vocab, chat_template=CHATML),

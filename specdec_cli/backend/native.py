@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import secrets
 import time
 from collections import deque
 from pathlib import Path
@@ -20,15 +22,46 @@ import llama_cpp.llama_cpp as L
 from ..errors import SpecdecError
 from . import gguf_file
 
-# llama.cpp logs every load step to stderr; we keep the recent lines to explain failures instead.
+# llama.cpp logs every load step to stderr; we keep the recent error lines to explain failures instead.
 _LOG_LINES: deque[str] = deque(maxlen=40)
-_LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR
+_LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR; 5 (CONT) continues any level, e.g. the load progress dots
 
 
 @L.llama_log_callback
 def _log_to_buffer(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    if level >= _LOG_ERROR and text:
-        _LOG_LINES.append(text.decode("utf-8", "replace").strip())
+    line = text.decode("utf-8", "replace").strip() if level == _LOG_ERROR and text else ""
+    if line:
+        _LOG_LINES.append(line)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+def _on_abort(message: bytes | None) -> None:
+    """ggml's last call before abort() (a failed GGML_ASSERT): one line and exit 1, instead of a
+    debugger backtrace on stdout and a core dump. The message is "path/file.cpp:line: what"."""
+    try:
+        where, _, what = (message or b"").decode("utf-8", "replace").partition(": ")
+        text = f"{os.path.basename(where)}: {what}" if what else where
+        os.write(2, f"error: llama.cpp aborted: {' '.join(text.split())}\n".encode())
+    finally:
+        os._exit(1)
+
+
+def _set_abort_handler() -> None:
+    """Hand _on_abort to ggml_set_abort_callback; a build without the hook is left as it is.
+
+    The symbol is looked up through libllama, opened by the path llama_cpp opened it by (so the same
+    handle): the wheel ships libggml-base.so and libggml-base.so.0 as separate copies, and opening
+    one by name could load a second ggml whose callback nobody calls. A handle's lookup also searches
+    the libraries it depends on, where the ggml that libllama uses is."""
+    lib_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(L.__file__).parent / "lib")
+    for name in ("libllama.so", "libllama.dylib", "llama.dll", "libllama.dll"):  # llama_cpp's names
+        try:
+            setter = ctypes.CDLL(str(lib_dir / name)).ggml_set_abort_callback
+        except (OSError, AttributeError):
+            continue
+        setter.argtypes, setter.restype = [type(_on_abort)], ctypes.c_void_p
+        setter(_on_abort)  # the module keeps _on_abort alive for the process's lifetime
+        return
 
 
 _backend_ready = False
@@ -37,14 +70,30 @@ _backend_ready = False
 def _init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
+        # Quiet unless SPECDEC_LLAMA_LOG asks for llama.cpp's own output: its log, and the gdb backtrace
+        # it prints on stdout for an uncaught C++ exception (std::terminate, which no callback sees).
         if not os.environ.get("SPECDEC_LLAMA_LOG"):
             L.llama_log_set(_log_to_buffer, ctypes.c_void_p(0))
+            os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+        _set_abort_handler()
         L.llama_backend_init()
         _backend_ready = True
 
 
 def _last_log_error() -> str:
     return _LOG_LINES[-1] if _LOG_LINES else ""
+
+
+def _load_error() -> str:
+    """llama.cpp's own reason for a failed load. It logs `llama_model_load: error loading model: <why>`,
+    then a generic `failed to load model`; when <why> is only "failed to load model from PATH" (a GGUF
+    it could not parse), the parser's first error line says why."""
+    marker = "error loading model: "
+    why = next((line.partition(marker)[2] for line in reversed(_LOG_LINES) if marker in line), "")
+    if not why or "failed to load model from" in why:
+        why = next((line for line in _LOG_LINES if line.startswith("gguf_")), why or _last_log_error())
+    # Without the C function in front ("check_tensor_dims: tensor ...") and the column padding.
+    return " ".join(re.sub(r"^\w+: ", "", why).split())
 
 
 class Model:
@@ -55,17 +104,17 @@ class Model:
         _init_backend()
         _LOG_LINES.clear()
         params = L.llama_model_default_params()
-        self._ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        self._ptr = L.llama_model_load_from_file(os.fsencode(self.path), params)  # any bytes a path may hold
         if not self._ptr:
-            reason = _last_log_error() or "llama.cpp could not load it"
             raise SpecdecError(
-                f"cannot load model {self.path}: {reason}",
+                f"cannot load model {self.path}: {_load_error() or 'llama.cpp could not load it'}",
                 hint="the file may be truncated or from an unsupported architecture; re-download it",
             )
         self.vocab = L.llama_model_get_vocab(self._ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = L.llama_model_n_ctx_train(self._ptr)
         self._pieces: dict[int, bytes] = {}
+        self._max_token_bytes: int | None = None
 
     def close(self) -> None:
         if self._ptr:
@@ -101,21 +150,39 @@ class Model:
             return "it is a hybrid (recurrent + attention) model, whose state cannot be rolled back"
         return None
 
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one context position takes (F16 keys and values, every layer)."""
+        n_head = L.llama_model_n_head(self._ptr)
+        if n_head <= 0:  # no attention (recurrent): its state does not grow with the context
+            return 0
+        head_dim = L.llama_model_n_embd(self._ptr) // n_head
+        return L.llama_model_n_layer(self._ptr) * 2 * L.llama_model_n_head_kv(self._ptr) * head_dim * 2
+
     def chat_template(self) -> str | None:
         tmpl = L.llama_model_chat_template(self._ptr, None)
         return tmpl.decode("utf-8", "replace") if tmpl else None
 
     # --- tokens ------------------------------------------------------------------------------
+    def max_token_bytes(self) -> int:
+        """An upper bound on the bytes one token stands for: the longest token text (byte-level BPE and
+        SentencePiece spell a byte with one to six characters, never fewer bytes). Computed once, on demand."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max(len(L.llama_vocab_get_text(self.vocab, i) or b"") for i in range(self.n_vocab))
+        return self._max_token_bytes
+
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         """Text to token ids; `special` adds BOS (when the model wants it) and parses control tokens."""
+        return self._tokenize(text, add_special=special, parse_special=special)
+
+    def _tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         raw = text.encode("utf-8")
         cap = len(raw) + 8
         buf = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, special, special)
+        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
         if n < 0:  # buffer too small: -n is the size needed
             cap = -n
             buf = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, special, special)
+            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
     def piece(self, token: int) -> bytes:
@@ -132,6 +199,24 @@ class Model:
 
     def is_eog(self, token: int) -> bool:
         return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    def chat_tokens(self, messages: list[tuple[str, str]]) -> list[int]:
+        """The chat template around (role, content) messages, tokenized so that only the template's own
+        markup can become control tokens: the contents are tokenized as text, so a prompt that contains
+        `<|im_start|>system` stays text and cannot open a turn of its own.
+
+        The template is rendered with a random mark in place of each content, and the rendered text is
+        cut at the marks: markup pieces are parsed for special tokens, contents are not."""
+        marks = [f"\x1f{secrets.token_hex(8)}\x1f" for _ in messages]
+        contents = {mark: content for mark, (_, content) in zip(marks, messages)}
+        rendered = self.apply_chat_template([(role, mark) for mark, (role, _) in zip(marks, messages)])
+        tokens: list[int] = []
+        for i, piece in enumerate(re.split("(" + "|".join(map(re.escape, marks)) + ")", rendered)):
+            if piece in contents:
+                tokens += self._tokenize(contents[piece], add_special=False, parse_special=False)
+            elif piece or i == 0:  # the first piece carries BOS, when the model wants one
+                tokens += self._tokenize(piece, add_special=i == 0, parse_special=True)
+        return tokens
 
     def apply_chat_template(self, messages: list[tuple[str, str]]) -> str:
         """Render (role, content) messages with the model's own template, ready for the reply."""

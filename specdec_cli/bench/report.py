@@ -1,5 +1,5 @@
 """Benchmark results as data: rows per configuration and category, the recommendation, and the files
-(JSON, CSV, SVG), each rewritten atomically after every finished row."""
+(JSON, CSV, SVG) as text; the command rewrites them atomically after every finished row (outputs.py)."""
 
 from __future__ import annotations
 
@@ -134,16 +134,6 @@ def machine() -> dict:
         "python": platform.python_version(),
         "llama_cpp_python": version("llama-cpp-python"),
     }
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def to_json(doc: dict) -> str:

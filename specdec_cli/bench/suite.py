@@ -4,6 +4,7 @@ loading a user's prompts. Written for specdec; short enough to run on a laptop."
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,25 +117,39 @@ def load(source: str | None, categories: list[str] | None) -> list[Prompt]:
 
 
 def _from_file(path: Path) -> list[Prompt]:
-    if not path.is_file():
+    # A FIFO is a prompts file too: bash's process substitution, --prompts <(make-prompts). Read once.
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        mode = 0
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
         raise UsageError(f"--prompts: {path} is neither a file nor the suite name '{SUITE_NAME}'")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise SpecdecError(f"cannot read prompts from {path}: {e}") from None
-    prompts = []
     jsonl = path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{"))
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if not jsonl:
-            prompts.append(Prompt("file", line.replace("\\n", "\n")))
-            continue
-        try:
-            obj = json.loads(line)
-            prompts.append(Prompt(str(obj.get("category", "file")), str(obj["prompt"])))
-        except (json.JSONDecodeError, KeyError, AttributeError):
-            raise UsageError(f"{path}:{n}: expected a JSON object with a \"prompt\" (and a \"category\")") from None
+    prompts = [
+        _from_json(line, f"{path}:{n}") if jsonl else Prompt("file", line.replace("\\n", "\n"))
+        for n, line in enumerate(lines, 1)
+        if line.strip()
+    ]
     if not prompts:
         raise UsageError(f"{path} has no prompts")
     return prompts
+
+
+def _from_json(line: str, where: str) -> Prompt:
+    """One JSONL line: {"prompt": text, "category": name}; both strings, the prompt not blank."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict) or "prompt" not in obj:
+        raise UsageError(f"{where}: expected a JSON object with a \"prompt\" (and a \"category\")")
+    text, category = obj["prompt"], obj.get("category", "file")
+    if not isinstance(text, str) or not text.strip():
+        raise UsageError(f"{where}: \"prompt\" must be a non-empty string, not {json.dumps(text)}")
+    if not isinstance(category, str) or not category.strip():
+        raise UsageError(f"{where}: \"category\" must be a non-empty string, not {json.dumps(category)}")
+    return Prompt(category, text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sampling import draw
+from .sampling import draw, is_distribution
 
 
 def greedy_accept(target_argmax: list[int], draft: list[int]) -> tuple[int, int]:
@@ -28,9 +28,12 @@ def speculative_accept(
     # q(d) <= p(d): always accept; otherwise accept with probability p(d) / q(d).
     # First rejection: sample from norm(max(0, p - q)); all accepted: sample the bonus from p[k].
     q is None for a deterministic drafter (a point mass on d): accept with probability p(d),
-    and on rejection sample from p with d removed.
+    and on rejection sample from p with d removed. A q row that is not a probability vector (a broken
+    draft: NaN weights) is a rejection with certainty, the token drawn from p itself: still exact.
     """
     for i, d in enumerate(draft):
+        if q is not None and not is_distribution(q[i]):
+            return i, draw(p[i], rng)
         q_d = 1.0 if q is None else q[i, d]
         if rng.random() * q_d < p[i, d]:
             continue
@@ -73,7 +76,8 @@ def multi_draft_accept(
     # At a node, try its children in turn: accept d with probability min(1, r(d) / q_c(d)), r starting at p;
     # on a rejection r <- norm(max(0, r - q_c)). No child accepted: sample from the final r.
     q[c] is the distribution child c was drawn from given its earlier siblings (the draft's q with
-    earlier siblings removed), or q is None for point masses (deterministic drafts).
+    earlier siblings removed), or q is None for point masses (deterministic drafts). A child whose q
+    is not a probability vector is rejected with certainty, leaving r as it was: still exact.
     """
     path: list[int] = []
     node = -1
@@ -82,6 +86,8 @@ def multi_draft_accept(
         for c in (i for i, parent in enumerate(parents) if parent == node):
             d = tokens[c]
             q_c = _point(d, len(r)) if q is None else q[c]
+            if not is_distribution(q_c):
+                continue
             if rng.random() * q_c[d] < r[d]:
                 path.append(c)
                 node = c

@@ -102,7 +102,7 @@ class AutoDrafter:
                 if k_look and rate > best_rate:
                     best_rate, choice = rate, "lookup"
                     lookup_draft = Draft(cont[:k_look], None, "lookup", k_look, predicted=e, match=length)
-        if self.model is not None and k > 0:
+        if self.model is not None and not self.model.failed and k > 0:
             a = self.model_rate.upper
             catch_up = self.costs.catch_up(self.model.lag(committed))
             draft_cost = self._model_cost(k, catch_up)

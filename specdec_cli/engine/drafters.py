@@ -9,7 +9,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .kv import Branches, Sequence
-from .sampling import Sampler, draw, entropy
+from .sampling import NonFiniteLogits, Sampler, draw, entropy
 from .tree import ForkRule, draft_tree
 
 
@@ -23,6 +23,7 @@ class Draft:
     confidence: tuple[float, ...] = ()  # model: the draft's probability of each token it drafted
     entropy: float | None = None  # model: mean entropy (nats) of its distributions over the drafted tokens
     match: int | None = None  # lookup: the copied stretch it continues (suffix match, or a copy followed through edits)
+    notice: str | None = None  # the drafter stopped drafting for good this round, and why (said to the user once)
     # Trees (engine/tree.py): the parent of each token (-1: the last committed token) and, per token,
     # the branches whose path runs through it. None: a chain, the usual case.
     parents: tuple[int, ...] | None = None
@@ -83,16 +84,26 @@ class ModelDrafter:
 
     p_min (llama.cpp's semantics): stop drafting when the draft's probability for its own next token
     falls below it; that token is not proposed. branches > 1: draft a tree (engine/tree.py), forking
-    where the runner-up token has probability >= p_split."""
+    where the runner-up token has probability >= p_split.
+
+    Only ids below `vocab` (the target's vocabulary size) are ever proposed: llama.cpp pairs vocabularies
+    that differ by up to 128 ids, and the target cannot decode an id it lacks. Dropping them from the
+    draft's distribution keeps the acceptance rule exact (q is whatever the draft sampled from).
+    A draft whose logits turn non-finite (NaN weights) stops drafting for good: `failed`."""
 
     name = "model"
 
-    def __init__(self, seq: Sequence, p_min: float = 0.0, branches: int = 1, p_split: float = 0.1, max_nodes: int = 63):
+    def __init__(
+        self, seq: Sequence, p_min: float = 0.0, branches: int = 1, p_split: float = 0.1, max_nodes: int = 63,
+        vocab: int | None = None,
+    ):  # fmt: skip
         self.tree = Branches(seq)
         self.p_min = p_min
         self.branches = branches
         self.p_split = p_split
         self.max_nodes = max_nodes  # a tree's nodes + 1 must fit the target's output rows
+        self.vocab = min(vocab or seq.ctx.n_vocab, seq.ctx.n_vocab)  # ids a draft may propose
+        self.failed = False
 
     @property
     def seq(self) -> Sequence:
@@ -111,9 +122,19 @@ class ModelDrafter:
     ) -> Draft:  # fmt: skip
         """Draft up to k tokens; `keep_going(confidences)` may end the draft early (auto's stopping rule),
         `fork_pays` may veto a fork (auto's cost model)."""
-        if self.branches > 1:
-            return self._propose_tree(committed, k, sampler, rng, keep_going, fork_pays)
-        # The cache may lag the committed text (after a fully accepted round the draft never saw its own
+        if self.failed:
+            return Draft([], None, self.name, k)
+        try:
+            if self.branches > 1:
+                return self._propose_tree(committed, k, sampler, rng, keep_going, fork_pays)
+            return self._propose_chain(committed, k, sampler, rng, keep_going)
+        except NonFiniteLogits as e:
+            # Nothing drafted from these logits can be trusted; the round goes on as plain decoding.
+            self.failed = True
+            why = f"draft {self.seq.ctx.model.name} produced non-finite logits ({e}): it no longer drafts; the output is unaffected"
+            return Draft([], None, self.name, k, notice=why)
+
+    def _propose_chain(self, committed, k, sampler, rng, keep_going) -> Draft:        # The cache may lag the committed text (after a fully accepted round the draft never saw its own
         # last token; auto may not have drafted for a while): the first decode feeds the whole gap.
         feed = committed[len(self.seq) :]
         tokens: list[int] = []
@@ -121,7 +142,7 @@ class ModelDrafter:
         confidence: list[float] = []
         h = 0.0  # summed entropy of the drafted tokens' distributions
         for _ in range(k):
-            dist = sampler.dist(self.seq.append(feed)[0])
+            dist = sampler.dist(self.seq.append(feed)[0][: self.vocab])
             d = int(dist.argmax()) if sampler.greedy else draw(dist, rng)
             if dist[d] < self.p_min:
                 break
@@ -147,6 +168,7 @@ class ModelDrafter:
         room = min(self.max_nodes, ctx.n_ctx - len(committed), ctx.n_batch - 1)
         t = draft_tree(
             self.tree, committed, k, sampler, rng, self.branches, self.p_split, self.p_min, fork_pays, keep_going, room,
+            self.vocab,
         )  # fmt: skip
         forked = len(t.tips) > 1  # without a fork it is a chain, verified the usual way
         return Draft(

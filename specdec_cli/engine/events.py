@@ -49,4 +49,11 @@ class Stopped:
     tail: str  # text still buffered by the detokenizer (bytes that never completed a character)
 
 
-Event = Prefilled | Token | Round | Stopped
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something the user should know that does not stop generation (a drafter that stopped drafting)."""
+
+    message: str
+
+
+Event = Prefilled | Token | Round | Notice | Stopped

@@ -11,6 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class NonFiniteLogits(ValueError):
+    """A row of logits holds NaN or +infinity: no distribution can be made from it. The caller knows
+    whose row it was (the target's is an error; a draft's stops that drafter)."""
+
+
 @dataclass(frozen=True)
 class Sampler:
     temp: float = 0.0  # 0 = greedy (argmax); no distribution is ever computed then
@@ -25,6 +30,7 @@ class Sampler:
     def probs(self, logits: np.ndarray) -> np.ndarray:
         """The processed distribution for one row of logits: float64, sums to 1."""
         z = logits.astype(np.float64) / self.temp
+        _check_finite(z)
         if 0 < self.top_k < z.size:
             kth = np.partition(z, -self.top_k)[-self.top_k]
             z[z < kth] = -np.inf
@@ -37,14 +43,28 @@ class Sampler:
             p[p < self.min_p * p.max()] = 0.0
         return p / p.sum()
 
-
     def dist(self, logits: np.ndarray) -> np.ndarray:
         """The draft's distribution over its next token: `probs` when sampling; when greedy (which
         needs none to draw) the plain softmax, for the draft's confidence and entropy."""
         if not self.greedy:
             return self.probs(logits)
+        _check_finite(logits)
         z = np.exp(logits - logits.max())
         return z / z.sum()
+
+
+def _check_finite(z: np.ndarray) -> None:
+    # max() propagates NaN, so one reduction catches NaN anywhere and +inf; -inf entries are fine
+    # (probability 0) unless every entry is -inf.
+    top = z.max()
+    if not np.isfinite(top):
+        raise NonFiniteLogits(f"logits hold {'NaN' if np.isnan(top) else top}")
+
+
+def is_distribution(q: np.ndarray) -> bool:
+    """A finite, non-negative vector summing to 1 (within rounding)."""
+    total = q.sum()
+    return bool(np.isfinite(total) and abs(total - 1.0) < 1e-6 and q.min() >= 0.0)
 
 
 def entropy(p: np.ndarray) -> float:

@@ -21,9 +21,10 @@ import numpy as np
 from .acceptance import greedy_accept, greedy_tree_accept, multi_draft_accept, speculative_accept
 from .detok import Detokenizer
 from .drafters import Draft, Drafter
-from .events import Event, Origin, Prefilled, Round, Stopped, Token
+from ..errors import SpecdecError
+from .events import Event, Notice, Origin, Prefilled, Round, Stopped, Token
 from .kv import Branches, Sequence
-from .sampling import Sampler
+from .sampling import NonFiniteLogits, Sampler
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,13 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             t_draft = time.perf_counter()
             rows = _verify(target, committed[-1], draft)
             t_verify = time.perf_counter()
-            path, token = _accept(rows, draft, settings.sampler, rng)
+            try:
+                path, token = _accept(rows, draft, settings.sampler, rng)
+            except NonFiniteLogits as e:
+                raise SpecdecError(
+                    f"target {model.name} produced non-finite logits ({e}) at position {len(committed)}",
+                    hint="its weights are damaged or overflow: check the file (`specdec models verify`), or try another quantisation",
+                ) from None
             if path and draft.branches is not None:
                 winner = min(draft.branches[path[-1]])  # every branch through the last accepted node has it
             m = len(path)
@@ -87,6 +94,8 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         finally:
             rollback(target, drafter, len(committed) - 1, winner)
         seconds = time.perf_counter() - t_round
+        if draft.notice:
+            yield Notice(draft.notice)
 
         drafter.observe(draft, m, token, t_verify - t_draft, t_draft - t_round, path)
         if settings.debug:
@@ -127,7 +136,11 @@ def _verify(target: Branches, last: int, draft: Draft) -> np.ndarray:
 def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng) -> tuple[list[int], int]:
     """(accepted draft positions, the target's token) by the rule for the draft's shape."""
     if sampler.greedy:
-        argmax = rows.argmax(axis=1).tolist()
+        argmax = rows.argmax(axis=1)
+        # argmax lands on a NaN or +inf when a row has one: checking the chosen values checks the rows.
+        if not np.isfinite(rows[np.arange(len(argmax)), argmax]).all():
+            raise NonFiniteLogits("logits hold NaN or infinity")
+        argmax = argmax.tolist()
         if draft.parents is not None:
             return greedy_tree_accept(argmax, draft.tokens, list(draft.parents))
         m, token = greedy_accept(argmax, draft.tokens)

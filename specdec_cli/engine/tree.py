@@ -63,15 +63,15 @@ def draft_tree(
     branches: Branches, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator,
     n_max: int, p_split: float, p_min: float = 0.0,
     fork_pays: ForkRule | None = None, keep_going: Callable[[list[float]], bool] | None = None,
-    max_nodes: int = 63,
+    max_nodes: int = 63, vocab: int | None = None,
 ) -> Tree:  # fmt: skip
-    """Draft a tree at most k deep, with at most n_max branches and max_nodes nodes; `branches` holds the
-    forks afterwards."""
+    """Draft a tree at most k deep, with at most n_max branches and max_nodes nodes, of ids below `vocab`;
+    `branches` holds the forks afterwards."""
     if k <= 0:
         return Tree(tips=[-1])
     model = branches.main.ctx.model
     feed = committed[len(branches.main) :]  # the gap the cache lags behind (at least the last token)
-    rows = [branches.main.append(feed)[0].copy()]  # rows[i]: logits after active branch i's newest token
+    rows = [branches.main.append(feed)[0][:vocab].copy()]  # rows[i]: logits after active branch i's newest token
     tree = Tree(tips=[-1])
     active = [0]
     for depth in range(k):
@@ -115,7 +115,7 @@ def draft_tree(
         if depth == k - 1 or not batch:
             break
         out = branches.decode([t for _, t in batch], [(br,) for br, _ in batch])
-        rows = [out[i].copy() for i in range(len(batch))]
+        rows = [out[i][:vocab].copy() for i in range(len(batch))]
         active = [br for br, _ in batch]
     return tree
 

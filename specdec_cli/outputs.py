@@ -1,0 +1,109 @@
+"""Files the CLI writes: which paths it may replace, checked before any work starts, and the atomic
+write itself. An output is a regular file or a new path, never a device, a FIFO or an input.
+
+Symlinks are written through: the file a link names is replaced and the link stays a link, which is
+what a user who linked results.json into another folder expects. A dangling link is refused: the
+file it would create could be anywhere (a disk that is not mounted, another user's folder), and
+creating the target first is one `touch` away.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from .errors import SpecdecError, UsageError
+
+_KINDS = [
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+]
+
+
+def output_path(path: Path, option: str, inputs: dict[str, Path | None] | None = None) -> Path:
+    """The regular file that `option` (e.g. "--json") will replace: `path` with its symlinks resolved.
+    `inputs` names the files the command reads (and the outputs checked before this one): an output
+    may be none of them. Raises UsageError naming the option and the reason."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise UsageError(
+            f"{option}: {path} is a dangling symlink (to {os.readlink(path)})",
+            hint="create the file it points to, or remove the link",
+        )
+    target = path.resolve()
+    shown = f"{path} (a link to {target})" if path.is_symlink() else str(path)
+    for problem, hint in (
+        (kind_problem(target), "give a regular file or a new path"),
+        (folder_problem(target), "create the directory first, or choose another path"),
+        (input_problem(target, inputs or {}), "an output never replaces an input: choose another path"),
+    ):
+        if problem:
+            raise UsageError(f"{option}: {shown} {problem}", hint=hint)
+    return target
+
+
+def kind_problem(path: Path) -> str | None:
+    """Why `path` (links followed) may not be replaced by a new file; None for a regular file or nothing."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None  # a new file
+    except OSError as e:  # e.g. a file where a directory should be: named by folder_problem
+        return None if isinstance(e, NotADirectoryError) else f"cannot be examined ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"is {kind_name(mode)}, not a regular file"
+
+
+def kind_name(mode: int) -> str:
+    """What a file that is not a regular file is, in words (from its st_mode)."""
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why no file can be created beside `path`: the atomic write puts its temporary file there."""
+    folder = path.parent
+    if not folder.is_dir():
+        return f"is in {folder}, which is not an existing directory"
+    if not os.access(folder, os.W_OK):  # as root too on a read-only file system (EROFS)
+        return f"is in {folder}, which is not writable"
+    return None
+
+
+def input_problem(path: Path, inputs: dict[str, Path | None]) -> str | None:
+    """Which input `path` is, if any: the same inode (hard links too), or the same new path."""
+    for name, other in inputs.items():
+        if other is not None and _same_file(path, Path(other)):
+            return f"is the same file as {name}"
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet: the same if both name one place
+        return a.resolve() == b.resolve()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace the file `path` names (through symlinks) with `text`: write a temporary file in the
+    same directory, fsync, rename. Readers see the old file or the new one, never half of one."""
+    target = Path(os.path.realpath(path))
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.unlink(missing_ok=True)  # a leftover of a dead process that had our pid
+        # O_EXCL: never open through something that appeared at the temporary name.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        raise SpecdecError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)  # Ctrl-C too: no hidden temporary files left behind
