@@ -159,7 +159,7 @@ def _consume(events, stream: ui.TokenStream | None) -> tuple[Stats, list[int], s
                     stream.text(event.tail)
             elif isinstance(event, Notice):
                 ui.warning(event.message)
-    except KeyboardInterrupt:
+    except signals.INTERRUPTS:
         stats.stop_reason = "interrupted"
         return stats, ids, "".join(pieces), True
     finally:
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None, *, restore_signals: bool = True) -> int:
         command = e.ctx.command_path if getattr(e, "ctx", None) else "specdec"
         ui.error(e.format_message(), f"see '{command} --help'")
         return 2
-    except (KeyboardInterrupt, typer.Abort):
+    except (*signals.INTERRUPTS, typer.Abort):
         ui.error("interrupted")
         return signals.exit_code()
     except BrokenPipeError:  # stdout failed outside Click's own handling of it: as quiet (see _Stdout)

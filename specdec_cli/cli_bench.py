@@ -141,7 +141,7 @@ def bench(
                     rows += new
                     _write(doc, json_file, csv_file, plot_file)
                     view.add(new)
-        except KeyboardInterrupt:
+        except signals.INTERRUPTS:
             interrupted = True
     doc["recommendation"] = report.recommendation(rows, curve) if rows else "interrupted before any row finished"
     doc["interrupted"] = interrupted

@@ -247,12 +247,16 @@ class Session:
         draft_tokens (None = auto) and branches, or Settings fields (benchmarks sweep k and branches)."""
         k = overrides.pop("draft_tokens", self.cfg.draft_tokens)
         branches = overrides.pop("branches", self.cfg.branches)
-        drafter_ = self._drafter(drafter or self.cfg.drafter, k, tokens, branches)
         settings = Settings(AUTO_K_MAX, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug)
         settings = replace(settings, draft_tokens=k or AUTO_K_MAX, **overrides)
         if settings.draft_tokens > MAX_DRAFT_TOKENS:
             raise UsageError(f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS}")
-        return generate(Sequence.empty(self.target_ctx), drafter_, tokens, settings)
+        return self._run(drafter or self.cfg.drafter, k, tokens, branches, settings)
+
+    def _run(self, name: str, k: int | None, tokens: list[int], branches: int, settings: Settings) -> Iterator[Event]:
+        # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
+        # as the consumer starts reading: an interruption there is one of the stream's, like any other.
+        yield from generate(Sequence.empty(self.target_ctx), self._drafter(name, k, tokens, branches), tokens, settings)
 
     def _drafter(self, name: str, k: int | None, tokens: list[int], branches: int = 1) -> Drafter:
         if name == "none":

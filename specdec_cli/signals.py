@@ -1,12 +1,13 @@
 """SIGTERM and SIGHUP end a run the way Ctrl-C does, so `timeout`, a closed terminal or a service
 manager get the statistics, the JSON and the finished bench rows too, and nothing is left half-written.
 
-The first signal raises KeyboardInterrupt where the program is; later ones are ignored, so the
+The first signal raises `Interrupted` where the program is; later ones are ignored, so the
 teardown that the first one started (rollback, statistics, files) cannot itself be cut short.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Callable
@@ -15,10 +16,44 @@ HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[int] = []  # the signals seen during this run, first one first
 
 
-def _handler(signum: int, _frame) -> None:
+class Interrupted(BaseException):
+    """What a signal raises. Not a KeyboardInterrupt: Typer turns one of those into a silent exit 130
+    wherever a command did not catch it, whatever the signal was."""
+
+
+INTERRUPTS = (Interrupted, KeyboardInterrupt)  # what to catch: a KeyboardInterrupt still comes from code
+# that runs without our handlers (another thread; a test that raises one)
+
+
+RESEND_SECONDS = 0.005  # a log callback returns within microseconds
+_CALLBACKS: set = set()  # code of the Python functions that C calls back (llama.cpp's log hook)
+
+
+def native_callback(fn):
+    """Mark a function that C code calls back: an exception raised in it is printed and dropped by
+    ctypes, so a signal that lands there is sent again, to be raised once our own code runs."""
+    _CALLBACKS.add(fn.__code__)
+    return fn
+
+
+def _handler(signum: int, frame) -> None:
+    if not _received and _in_callback(frame):
+        # Sent again shortly, from a thread: sent from here, it would be handled inside this handler.
+        timer = threading.Timer(RESEND_SECONDS, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
     _received.append(signum)
     if len(_received) == 1:
-        raise KeyboardInterrupt
+        raise Interrupted(signum)
+
+
+def _in_callback(frame) -> bool:
+    while frame is not None:
+        if frame.f_code in _CALLBACKS:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def install() -> Callable[[], None]:

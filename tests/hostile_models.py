@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from tiny_models import finish
 
 ARRAY = GGUFValueType.ARRAY
 
@@ -36,14 +37,7 @@ def rewrite(
         if key not in drop:
             w.add_key_value(key, value, vtype, sub_type=sub)
     arrays = {t.name: np.array(t.data) for t in r.tensors} | (tensors or {})
-    for name, a in arrays.items():
-        if a is not None:
-            w.add_tensor(name, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return finish(w, {name: a for name, a in arrays.items() if a is not None}, dst)
 
 
 def _patched(src: Path, dst: Path, offset: int, fmt: str, value: int) -> Path:

@@ -89,7 +89,7 @@ def write_model(
     _add_byte_tokenizer(w, tokens, types)
     if chat_template:
         w.add_chat_template(chat_template)
-    return _finish(w, weights, path)
+    return finish(w, weights, path)
 
 
 def write_recurrent(path: Path) -> Path:
@@ -122,10 +122,10 @@ def write_recurrent(path: Path) -> Path:
         "blk.0.ssm_dt.bias": w(inner), "blk.0.ssm_a": w(inner, state), "blk.0.ssm_d": w(inner),
         "blk.0.ssm_out.weight": w(e, inner),
     }  # fmt: skip
-    return _finish(g, weights, path)
+    return finish(g, weights, path)
 
 
-def _finish(w: GGUFWriter, weights: dict[str, np.ndarray], path: Path) -> Path:
+def finish(w: GGUFWriter, weights: dict[str, np.ndarray], path: Path) -> Path:
     for name, a in weights.items():
         w.add_tensor(name, a)
     w.write_header_to_file()

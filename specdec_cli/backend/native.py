@@ -19,6 +19,7 @@ import numpy as np
 
 import llama_cpp.llama_cpp as L
 
+from .. import signals
 from ..errors import SpecdecError
 from . import gguf_file
 
@@ -28,6 +29,7 @@ _LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR; 5 (CONT) continues any level, e.g. the l
 
 
 @L.llama_log_callback
+@signals.native_callback
 def _log_to_buffer(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", "replace").strip() if level == _LOG_ERROR and text else ""
     if line:
@@ -35,6 +37,7 @@ def _log_to_buffer(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+@signals.native_callback
 def _on_abort(message: bytes | None) -> None:
     """ggml's last call before abort() (a failed GGML_ASSERT): one line and exit 1, instead of a
     debugger backtrace on stdout and a core dump. The message is "path/file.cpp:line: what"."""

@@ -148,7 +148,7 @@ def _write(model: KnownModel, parts: list[Path], final: Path, progress: Progress
             )
         os.replace(tmp, final)  # also replaces a corrupt file, atomically
     finally:
-        tmp.unlink(missing_ok=True)  # on any exception, KeyboardInterrupt (Ctrl-C, SIGTERM in main) included
+        tmp.unlink(missing_ok=True)  # on any exception, an interruption (Ctrl-C, SIGTERM) included
     return final
 
 
