@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from . import __version__, config, signals, ui
+from . import __version__, config, inputs, signals, ui
 from .engine.events import Notice, Stopped, Token
 from .engine.stats import Stats
 from .errors import SpecdecError, UsageError
@@ -172,16 +172,7 @@ def _read_prompt(prompt: str | None) -> str:
         return _text(prompt, "the PROMPT argument")
     if sys.stdin is None or sys.stdin.isatty():
         raise UsageError("no prompt given", hint="pass PROMPT as an argument, or pipe it: echo 'hi' | specdec generate -")
-    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(
-            f"standard input is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
-            hint="convert it first, e.g. iconv -f latin1 -t utf-8 FILE | specdec generate -",
-        ) from None
-    if "\0" in text:
-        raise UsageError(f"standard input is binary, not text (a NUL byte at offset {text.index(chr(0))})")
+    text = inputs.read_text(sys.stdin.buffer, "standard input")
     if not text.strip():
         raise UsageError("the prompt read from standard input is empty")
     return text

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 import typer
 
 from . import config, signals, ui
-from .cli_common import run_config
+from .cli_common import model_location, run_config
 from .bench import costs, report, runner, suite
 from .errors import UsageError
 from .outputs import output_path, write_atomic
@@ -71,6 +72,7 @@ def bench(
     cats = _parse_list(categories, str, "--categories") if categories else None
     checks = [
         (all(k is None or 1 <= k <= MAX_DRAFT_TOKENS for k in ks), f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, or auto"),
+        (all(math.isfinite(t) for t in temp_list), "--temps must be finite numbers"),
         (all(t >= 0 for t in temp_list), "--temps must be >= 0"),
         (all(1 <= b <= MAX_BRANCHES for b in branch_list), f"--branches must be between 1 and {MAX_BRANCHES}"),
         (runs >= 1, f"--runs must be at least 1 (got {runs})"),
@@ -112,7 +114,9 @@ def bench(
     # Before any model loads: a bad output path should cost nothing, and must never destroy an input.
     inputs = {
         "--prompts": None if prompts == suite.SUITE_NAME else Path(prompts),
-        "the config file": cfg_file, "the target model": cfg.target, "the draft model": cfg.draft,
+        "the config file": cfg_file, "the target model": cfg.target,
+        # the draft as given, whether or not a row loads it: an input all the same
+        "the draft model": cfg.draft or (model_location(settings["draft"]) if settings.get("draft") else None),
     }  # fmt: skip
     json_file, csv_file, plot_file = _outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file}, inputs)
 

@@ -18,6 +18,11 @@ def model_file(ref: str) -> Path:
     return Path(ref)
 
 
+def model_location(ref: str) -> Path:
+    """Where a model reference points, without assembling anything."""
+    return store.model_path(KNOWN[ref]) if ref in KNOWN else Path(ref)
+
+
 def _bar(model):
     return ui.byte_progress(f"assembling {model.name}", model.size)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecdecError
+from .outputs import kind_name
 from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR, KNOWN
 
 if sys.version_info >= (3, 11):
@@ -48,7 +49,7 @@ class ConfigError(SpecdecError):
 
 def user_config_path() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base).expanduser() / "specdec" / "config.toml"
+    return Path(os.path.expanduser(base)) / "specdec" / "config.toml"
 
 
 def config_file(explicit: Path | None) -> Path | None:
@@ -60,9 +61,11 @@ def config_file(explicit: Path | None) -> Path | None:
     else:
         path = user_config_path()
         return path if path.is_file() else None
-    path = path.expanduser()
-    if not path.is_file():
+    path = Path(os.path.expanduser(path))
+    if not path.exists():
         raise SpecdecError(f"config file not found: {path} (from {source})")
+    if not path.is_file():  # a FIFO would block the read, a directory cannot be one
+        raise SpecdecError(f"config {path} (from {source}) is {kind_name(path.stat().st_mode)}, not a regular file")
     return path
 
 
@@ -98,8 +101,10 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
                 raise ConfigError(path, where, f"must be {names}, not {type(value).__name__} {value!r}")
             if key == "draft_tokens" and isinstance(value, str) and value != "auto":
                 raise ConfigError(path, where, f"must be a number or \"auto\", not {value!r}")
+            if key in ("target", "draft") and not value.strip():
+                raise ConfigError(path, where, "must be a model name or a path, not empty")
             if key in ("target", "draft") and not _is_model_name(value):
-                values[key] = str((path.parent / Path(value).expanduser()).resolve())  # relative to the file
+                values[key] = os.path.abspath(path.parent / os.path.expanduser(value))  # relative to the file
         if "target" not in values and name not in pairs:
             raise ConfigError(path, f"pairs.{name}", "a new pair needs a target")
         pairs[name] = values if name not in pairs else {**pairs[name], **values}

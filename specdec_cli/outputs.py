@@ -34,7 +34,7 @@ def output_path(path: Path, option: str, inputs: dict[str, Path | None] | None =
             f"{option}: {path} is a dangling symlink (to {os.readlink(path)})",
             hint="create the file it points to, or remove the link",
         )
-    target = path.resolve()
+    target = Path(os.path.realpath(path))  # a loop of links resolves to where it gives up: stat says why
     shown = f"{path} (a link to {target})" if path.is_symlink() else str(path)
     for problem, hint in (
         (kind_problem(target), "give a regular file or a new path"),
@@ -86,7 +86,7 @@ def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:  # one does not exist yet: the same if both name one place
-        return a.resolve() == b.resolve()
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -26,7 +26,7 @@ from .errors import SpecdecError, UsageError
 FLAGS = {
     "max_tokens": "-n/--max-tokens", "draft_tokens": "-k/--draft-tokens", "p_min": "--p-min", "branches": "--branches",
     "p_split": "--p-split", "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-    "seed": "--seed", "ctx_size": "-c/--ctx-size", "threads": "-t/--threads",
+    "seed": "--seed", "ctx_size": "-c/--ctx-size", "threads": "-t/--threads", "drafter": "--drafter",
 }  # fmt: skip
 
 
@@ -131,13 +131,13 @@ class RunConfig:
             ("seed", self.seed is None or self.seed >= 0, f"must be >= 0 (got {self.seed})"),
             ("ctx_size", self.ctx_size >= 16, f"must be at least 16 (got {self.ctx_size})"),
             ("threads", self.threads >= 1, f"must be at least 1 (got {self.threads})"),
+            ("drafter", self.drafter in DRAFTERS, f"must be one of {', '.join(DRAFTERS)} (got {self.drafter!r})"),
             ("threads", self.threads <= MAX_THREADS, f"must be at most {MAX_THREADS}, llama.cpp's limit (got {self.threads}; this machine has {os.cpu_count()} cores)"),
         ]  # fmt: skip
         for key, ok, rule in checks:
             if not ok:
                 raise OptionError(key, rule)
         usage = [
-            (self.drafter in DRAFTERS, f"unknown drafter {self.drafter!r}: use {', '.join(DRAFTERS)}"),
             (self.drafter != "model" or self.draft is not None, "--drafter model needs --draft PATH"),
             (
                 self.branches == 1 or (self.draft is not None and self.drafter in ("model", "auto")),

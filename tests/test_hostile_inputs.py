@@ -358,3 +358,81 @@ def test_a_signal_while_loading_is_one_line_and_its_exit_code(capsys, models, mo
     monkeypatch.setattr(session, "Model", load_interrupted)
     code, out, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "--json")
     assert code == 143 and one_line_error(err) == "error: interrupted" and out == ""
+
+
+# --- found by a hostile pass over the whole CLI --------------------------------------------------------
+def test_a_bench_output_never_replaces_a_draft_that_no_row_loads(capsys, models, tmp_path):
+    victim = tmp_path / "draft.gguf"
+    victim.write_bytes(models["draft"].read_bytes())
+    code, _, err = specdec(
+        capsys, "bench", "--target", str(models["target"]), "--draft", str(victim), "--drafters", "none,lookup",
+        "--json", str(victim),
+    )  # fmt: skip
+    assert code == 2 and "is the same file as the draft model" in one_line_error(err)
+    assert victim.read_bytes() == models["draft"].read_bytes()
+
+
+def test_endless_stdin_is_refused_at_a_cap(models):
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run(
+            [sys.executable, "-m", "specdec_cli", "generate", "--target", str(models["target"])],
+            stdin=zero, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert r.returncode == 2 and "standard input is longer than 64 MiB" in one_line_error(r.stderr)
+
+
+def test_a_string_length_past_any_offset_is_a_truncated_file(capsys, models, tmp_path):
+    from gguf import GGUFReader
+    from hostile_models import _patched
+
+    key = "tokenizer.ggml.tokens"
+    field = GGUFReader(models["target"]).fields[key]
+    first = field.offset + 8 + len(key) + 4 + 4 + 8  # key length, key, value type, item type, count
+    bad = _patched(models["target"], tmp_path / "bigstr.gguf", first, "Q", 2**63)
+    code, _, err = specdec(capsys, "models", "info", str(bad))
+    assert code == 1 and "truncated" in one_line_error(err)
+
+
+def test_paths_with_link_loops_or_unknown_users_are_clean_errors(capsys, models, tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    code, _, err = specdec(capsys, "bench", "--target", str(models["target"]), "--json", str(tmp_path / "a" / "x.json"))
+    assert code == 2 and "Too many levels of symbolic links" in one_line_error(err)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[pairs.x]\ntarget = "a/x.gguf"\n')
+    code, _, err = specdec(capsys, "generate", "hi", "--config", str(cfg), "--pair", "x")
+    assert code == 1 and "Too many levels of symbolic links" in one_line_error(err)
+    code, _, err = specdec(capsys, "generate", "hi", "--target", "~nobody-here/x.gguf")
+    assert code == 1 and "model file not found: ~nobody-here/x.gguf" in one_line_error(err)
+
+
+@pytest.mark.parametrize("config", ["/dev/zero", "{fifo}", "{dir}"])
+def test_a_config_that_is_not_a_regular_file_says_what_it_is(capsys, tmp_path, config):
+    os.mkfifo(tmp_path / "fifo")
+    path = config.format(fifo=tmp_path / "fifo", dir=tmp_path)
+    code, _, err = specdec(capsys, "generate", "hi", "--config", path)
+    assert code == 1 and "not a regular file" in one_line_error(err)
+
+
+def test_a_config_drafter_that_does_not_exist_names_the_file_and_key(capsys, models, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[pairs.x]\ntarget = "{models["target"]}"\ndrafter = "bogus"\n')
+    code, _, err = specdec(capsys, "generate", "hi", "--config", str(cfg), "--pair", "x")
+    assert code == 1 and f"config {cfg}: pairs.x.drafter: must be one of auto, model, lookup, none" in one_line_error(err)
+
+
+@pytest.mark.parametrize("temps", ["inf", "nan", "0,inf"])
+def test_bench_temperatures_are_finite(capsys, models, temps):
+    code, _, err = specdec(capsys, "bench", "--target", str(models["target"]), "--temps", temps)
+    assert code == 2 and "--temps must be finite numbers" in one_line_error(err)
+
+
+def test_the_bench_recommendation_without_a_draft_model_has_real_numbers():
+    from specdec_cli.bench import report
+    from specdec_cli.bench.costs import CostCurve
+
+    curve = CostCurve({1: 0.028, 2: 0.05, 3: 0.069, 4: 0.081, 5: 0.1}, draft=None)
+    rows = [{"drafter": d, "draft_tokens": k, "temp": 0.0, "category": "all", "speedup": s, "accept_rate": 0.3,
+             "mean_accepted": 1.2} for d, k, s in (("none", 0, 1.0), ("lookup", 3, 0.8))]  # fmt: skip
+    text = report.recommendation(rows, curve)
+    assert "nan" not in text and "unknown" not in text and "Lookup drafts for free" in text and "1.40x" in text

@@ -85,7 +85,7 @@ class Header:
 
 def check(path: str | Path) -> Path:
     """Return the path if it is a regular file with a sound GGUF header; raise SpecdecError otherwise."""
-    p = Path(path).expanduser()
+    p = Path(os.path.expanduser(path))
     try:
         mode = p.stat().st_mode  # stat, not open: opening a FIFO waits for a writer
     except FileNotFoundError:
@@ -191,10 +191,10 @@ class _Cursor:
         try:
             for _ in range(n):
                 pos += 8 + u64(buf, pos)[0]
-        except struct.error:
+        except (struct.error, OverflowError):  # a length past the end, or past any offset
             pos = self.end + 1
         if pos > self.end:
-            raise self.fail(f"its {n:,} strings")
+            raise self.fail(f"a list of {n:,} strings")
         self.pos = pos
 
 

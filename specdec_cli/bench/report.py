@@ -106,13 +106,17 @@ def recommendation(rows: list[dict], curve: CostCurve) -> str:
             f"(accept rate {best['accept_rate']:.0%}, {best['mean_accepted']:.2f} tokens per verification)."
         )
     k = best["draft_tokens"] if isinstance(best["draft_tokens"], int) else 3
-    ceiling = max(predicted_speedup(curve, 1.0, j) for j in range(1, len(curve.target))) if curve.draft else float("nan")
-    c = f"c = {curve.c:.2f}" if curve.c is not None else "c unknown"
+    verify = f"verifying {k + 1} tokens costs {curve.relative(k + 1):.2f}x one"
+    if curve.draft is not None:
+        ceiling = max(predicted_speedup(curve, 1.0, j) for j in range(1, len(curve.target)))
+        why = f"A draft token costs c = {curve.c:.2f} of a target token and {verify}, so even a draft accepted every time"
+    else:  # lookup: drafting is free, only verification costs
+        ceiling = max((j + 1) / curve.relative(j + 1) for j in range(1, len(curve.target)))
+        why = f"Lookup drafts for free, but {verify}, so even a lookup right every time"
     return (
         f"Speculation does not pay here: the best configuration ({how}) runs at {best['speedup']:.2f}x. "
-        f"A draft token costs {c} of a target token and verifying {k + 1} tokens costs "
-        f"{curve.relative(k + 1):.2f}x one, so even a draft accepted every time would reach at most {ceiling:.2f}x. "
-        f"Use --drafter none on this machine."
+        f"{why} would reach at most {ceiling:.2f}x; these prompts were too far from that. Use --drafter none "
+        "on this machine for them."
     )
 
 

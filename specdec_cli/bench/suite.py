@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecdecError, UsageError
+from ..inputs import read_text
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,10 @@ def _from_file(path: Path) -> list[Prompt]:
     if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
         raise UsageError(f"--prompts: {path} is neither a file nor the suite name '{SUITE_NAME}'")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecdecError(f"cannot read prompts from {path}: {e}") from None
+        with path.open("rb") as f:
+            lines = read_text(f, f"--prompts {path}").splitlines()
+    except OSError as e:
+        raise SpecdecError(f"cannot read prompts from {path}: {e.strerror or e}") from None
     jsonl = path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{"))
     prompts = [
         _from_json(line, f"{path}:{n}") if jsonl else Prompt("file", line.replace("\\n", "\n"))

@@ -32,9 +32,9 @@ Progress = Callable[[int], None]  # called with the number of bytes just process
 def home() -> Path:
     """SPECDEC_HOME, else the XDG cache directory's specdec/."""
     if os.environ.get("SPECDEC_HOME"):
-        return Path(os.environ["SPECDEC_HOME"]).expanduser()
+        return Path(os.path.expanduser(os.environ["SPECDEC_HOME"]))
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache).expanduser() / "specdec"
+    return Path(os.path.expanduser(cache)) / "specdec"
 
 
 def models_dir(create: bool = False) -> Path:
