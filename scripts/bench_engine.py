@@ -20,20 +20,21 @@ import tempfile
 from pathlib import Path
 
 from specdec_cli.engine.events import Prefilled
-from specdec_cli.engine.stats import Stats
+from specdec_cli.engine.stats import collect
 from specdec_cli.session import RunConfig, open_session
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime, with a docstring and tests."
 
 
 def run_specdec(session, tokens: list[int], ctxs) -> dict:
-    stats = Stats()
-    before = 0.0
-    for event in session.generate(tokens):
-        stats.add(event)
+    before = []
+
+    def mark(event) -> None:
         if isinstance(event, Prefilled):  # decode time from here on belongs to the rounds
-            before = sum(c.decode_seconds for c in ctxs)
-    decode = sum(c.decode_seconds for c in ctxs) - before
+            before.append(sum(c.decode_seconds for c in ctxs))
+
+    stats = collect(session.generate(tokens), mark).stats
+    decode = sum(c.decode_seconds for c in ctxs) - before[0]
     return {
         "tokens_per_second": stats.tokens_per_second,
         "accept_rate": stats.accept_rate,

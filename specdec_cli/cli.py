@@ -7,20 +7,19 @@ import io
 import os
 import sys
 import traceback
-from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-from . import __version__, config, inputs, signals, ui
+from . import __version__, config, inputs, options, signals, ui
 from .engine.events import Notice, Stopped, Token
-from .engine.stats import Stats
+from .engine.stats import Result, collect
 from .errors import SpecdecError, UsageError
 from .cli_bench import bench
 from .cli_common import run_config
 from .cli_models import app as models_app
-from .session import AUTO_K_MAX, CTX_SIZE, DRAFT_TOKENS, MAX_BRANCHES, MAX_TOKENS, P_SPLIT, open_session
+from .session import open_session
 
 app = typer.Typer(
     name="specdec",
@@ -33,13 +32,6 @@ app = typer.Typer(
 app.add_typer(models_app, name="models")
 app.command()(bench)
 
-
-
-class DrafterName(str, Enum):
-    auto = "auto"
-    model = "model"
-    lookup = "lookup"
-    none = "none"
 
 
 def _version(value: bool) -> None:
@@ -55,64 +47,28 @@ def _root(
     """Lossless speculative decoding over llama.cpp GGUF models."""
 
 
+RUN_OPTIONS = tuple(options.BY_KEY)  # generate takes every run option
+
+
 @app.command()
+@options.with_options(*RUN_OPTIONS)
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' or nothing reads standard input."),
-    target: Optional[str] = typer.Option(
-        None, "--target", help="Target GGUF (a path or a known model name): the model whose output you get."
-    ),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF: a small model with the same tokenizer."),
-    drafter: Optional[DrafterName] = typer.Option(
-        None, "--drafter",
-        help="Who drafts: 'auto' (default with a draft: each round plain, lookup or the model, whichever pays), "
-        "'model' (the draft model), 'lookup' (copy from the prompt and text so far) or 'none' (target-only).",
-    ),
     pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
     config_path: Optional[Path] = typer.Option(
         None, "--config", help="Config file (default: $SPECDEC_CONFIG, else the user config)."
     ),
-    draft_tokens: Optional[str] = typer.Option(
-        None, "-k", "--draft-tokens",
-        help=f"Tokens drafted per round, or 'auto' to choose every round (up to {AUTO_K_MAX}) "
-        f"[auto with --drafter auto, else {DRAFT_TOKENS}].",
-    ),
-    p_min: Optional[float] = typer.Option(
-        None, "--p-min", help="Draft model: stop drafting when its probability for its own token is below this [0: off]."
-    ),
-    branches: Optional[int] = typer.Option(
-        None, "--branches",
-        help=f"Draft model: draft up to N branches per round as a tree, verified in one target pass (1..{MAX_BRANCHES}) [1].",
-    ),
-    p_split: Optional[float] = typer.Option(
-        None, "--p-split", help=f"Tree drafting: fork where the draft's runner-up token has at least this probability [{P_SPLIT}]."
-    ),
-    max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help=f"Stop after this many tokens [{MAX_TOKENS}]."),
-    temp: Optional[float] = typer.Option(None, "--temp", help="Sampling temperature; 0 is greedy [0]."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the k most likely tokens; 0 is off [0]."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 is off [1]."),
-    min_p: Optional[float] = typer.Option(None, "--min-p", help="Drop tokens below min-p x the top probability [0]."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed: the same seed gives the same text."),
-    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help=f"Context size in tokens [{CTX_SIZE}]."),
-    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads; 0 means every core this process may use."),
-    chat: Optional[bool] = typer.Option(
-        None, "--chat/--no-chat",
-        help="Wrap the prompt in the target's chat template (default: on when it has one). With the template your "
-        "text is only text; with --no-chat control tokens written in it (e.g. <|im_start|>) are parsed as such.",
-    ),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt for the chat template (needs one)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the live stream."),
     debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; show tracebacks."),
+    **settings_given: Any,
 ) -> None:
     """Generate text from PROMPT with speculative decoding."""
-    system = _text(system, "--system") if system is not None else None
-    given = dict(
-        target=target, draft=draft, drafter=drafter.value if drafter else None, draft_tokens=draft_tokens,
-        p_min=p_min, branches=branches, p_split=p_split, max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, ctx_size=ctx_size,
-        chat=chat, system=system,
-    )  # fmt: skip
+    given = options.given(settings_given)
+    if given.get("system") is not None:
+        given["system"] = _text(given["system"], "--system")
     settings = config.resolve(given, pair, config.config_file(config_path))
     text = _read_prompt(prompt)
-    cfg = run_config(settings, threads=threads, debug=debug)
+    cfg = run_config(settings, debug=debug)
     with open_session(cfg) as session:
         tokens = session.prompt_tokens(text)
         live = not json_out and ui.live_terminal()
@@ -141,30 +97,21 @@ def generate(
         raise typer.Exit(signals.exit_code())
 
 
-def _consume(events, stream: ui.TokenStream | None) -> tuple[Stats, list[int], str, bool]:
+def _consume(events, stream: ui.TokenStream | None) -> Result:
     """Fold the engine's events into statistics, token ids and text, streaming them if asked.
     Ctrl-C ends it early; the statistics so far stand (the engine rolled its caches back)."""
-    stats, ids, pieces = Stats(), [], []
-    try:
-        for event in events:
-            stats.add(event)
-            if isinstance(event, Token):
-                ids.append(event.id)
-                pieces.append(event.text)
-                if stream:
-                    stream.token(event)
-            elif isinstance(event, Stopped):
-                pieces.append(event.tail)
-                if stream:
-                    stream.text(event.tail)
-            elif isinstance(event, Notice):
-                ui.warning(event.message)
-    except signals.INTERRUPTS:
-        stats.stop_reason = "interrupted"
-        return stats, ids, "".join(pieces), True
-    finally:
-        events.close()
-    return stats, ids, "".join(pieces), False
+
+    def show(event) -> None:
+        if isinstance(event, Notice):
+            ui.warning(event.message)
+        elif stream is None:
+            return
+        elif isinstance(event, Token):
+            stream.token(event)
+        elif isinstance(event, Stopped):
+            stream.text(event.tail)
+
+    return collect(events, show, signals.INTERRUPTS)
 
 
 def _read_prompt(prompt: str | None) -> str:

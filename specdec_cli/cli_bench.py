@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import typer
 
-from . import config, signals, ui
+from . import config, options, signals, ui
 from .cli_common import model_location, run_config
-from .bench import costs, report, runner, suite
+from .bench import report, runner, suite
+from .engine import costmodel
 from .errors import UsageError
 from .outputs import output_path, write_atomic
-from .session import CTX_SIZE, DRAFTERS, MAX_BRANCHES, MAX_DRAFT_TOKENS, open_session
+from .options import DRAFTERS
+from .session import open_session
 
 T = TypeVar("T")
 
-# --- defaults, one per line ---------------------------------------------------------------------
-DRAFT_TOKENS = "2,3,4"  # fixed lengths for model and lookup around llama.cpp's 3; add 8,15 or auto to see more
-BRANCHES = "1"  # chains only; 1,2,3 adds tree-drafting rows for the draft model and auto
-TEMPS = "0"  # greedy: the speed-up question without sampling noise; add 0.7 to see sampling
-MAX_TOKENS = 64  # long enough for steady state, short enough that 21 prompts take a minute per pass
+# --- bench's defaults, one per line (its own: lists to sweep, shorter answers) ----------------------
+BENCH_DRAFT_TOKENS = "2,3,4"  # fixed lengths for model and lookup around llama.cpp's 3; add 8,15 or auto to see more
+BENCH_BRANCHES = "1"  # chains only; 1,2,3 adds tree-drafting rows for the draft model and auto
+BENCH_TEMPS = "0"  # greedy: the speed-up question without sampling noise; add 0.7 to see sampling
+BENCH_MAX_TOKENS = 64  # long enough for steady state, short enough that 21 prompts take a minute per pass
+BENCH_SEED = 0  # sampled rows use seed + prompt index: reproducible by default
 RUNS = 1  # median of R per prompt; raise it on a noisy machine
 
 
@@ -39,54 +41,51 @@ def _parse_list(value: str, cast: Callable[[str], T], option: str) -> list[T]:
     return list(dict.fromkeys(items))  # keep order, drop repeats
 
 
+@options.with_options("target", "draft", "threads", "ctx_size")  # as for generate, one row of settings each
 def bench(
-    target: Optional[str] = typer.Option(None, "--target", help="Target GGUF (a path or a known model name)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF with the same tokenizer."),
     pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
     config_path: Optional[Path] = typer.Option(None, "--config", help="Config file with named pairs."),
     drafters: Optional[str] = typer.Option(
-        None, "--drafters", help="Comma list of none,model,lookup,auto [all of them; model only with a draft]."
+        None, "--drafters", help="Comma list of none,model,lookup,auto (all of them; model only with a draft)."
     ),
     draft_tokens: str = typer.Option(
-        DRAFT_TOKENS, "--draft-tokens", help="Comma list of draft lengths k for model and lookup ('auto' too); auto chooses its own."
+        BENCH_DRAFT_TOKENS, "--draft-tokens", help="Comma list of draft lengths k for model and lookup ('auto' too); auto chooses its own."
     ),
     branches: str = typer.Option(
-        BRANCHES, "--branches", help="Comma list of branch counts for the draft model and auto rows (tree drafting, e.g. 1,2,3)."
+        BENCH_BRANCHES, "--branches", help="Comma list of branch counts for the draft model and auto rows (tree drafting, e.g. 1,2,3)."
     ),
-    temps: str = typer.Option(TEMPS, "--temps", help="Comma list of temperatures (0 = greedy)."),
+    temps: str = typer.Option(BENCH_TEMPS, "--temps", help="Comma list of temperatures (0 = greedy)."),
     prompts: str = typer.Option(suite.SUITE_NAME, "--prompts", help="The built-in suite, or a JSONL / plain-text file."),
-    categories: Optional[str] = typer.Option(None, "--categories", help=f"Comma list of categories [{','.join(suite.CATEGORIES)}]."),
-    max_tokens: int = typer.Option(MAX_TOKENS, "-n", "--max-tokens", help="Tokens generated per prompt."),
+    categories: Optional[str] = typer.Option(None, "--categories", help=f"Comma list of categories ({','.join(suite.CATEGORIES)})."),
+    max_tokens: int = typer.Option(BENCH_MAX_TOKENS, "-n", "--max-tokens", help="Tokens generated per prompt."),
     runs: int = typer.Option(RUNS, "--runs", help="Runs per prompt and configuration (median), after one warm-up."),
-    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads; 0 means every core this process may use."),
-    seed: int = typer.Option(0, "--seed", help="Base seed for sampled rows (prompt i uses seed + i)."),
-    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help=f"Context size in tokens [{CTX_SIZE}]."),
+    seed: int = typer.Option(BENCH_SEED, "--seed", help="Base seed for sampled rows (prompt i uses seed + i)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON (after every row)."),
     csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV row per configuration and category."),
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write an SVG chart of speed-up vs draft length."),
+    **settings_given: Any,
 ) -> None:
     """Measure what pays on this machine: speed-up, acceptance and the cost model, per configuration."""
     ks = _parse_list(draft_tokens, _draft_length, "--draft-tokens")
     temp_list = _parse_list(temps, float, "--temps")
     branch_list = _parse_list(branches, int, "--branches")
     cats = _parse_list(categories, str, "--categories") if categories else None
-    checks = [
-        (all(k is None or 1 <= k <= MAX_DRAFT_TOKENS for k in ks), f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, or auto"),
-        (all(math.isfinite(t) for t in temp_list), "--temps must be finite numbers"),
-        (all(t >= 0 for t in temp_list), "--temps must be >= 0"),
-        (all(1 <= b <= MAX_BRANCHES for b in branch_list), f"--branches must be between 1 and {MAX_BRANCHES}"),
-        (runs >= 1, f"--runs must be at least 1 (got {runs})"),
-        (max_tokens >= 1, f"-n/--max-tokens must be at least 1 (got {max_tokens})"),
-        (seed >= 0, f"--seed must be >= 0 (got {seed})"),
-        (plot_file is None or plot_file.suffix.lower() == ".svg", "--plot writes SVG: give a file ending in .svg"),
+    # The lists are checked with their options' bounds, the single values with their options' rules.
+    problems = [
+        options.list_problem("draft_tokens", ks, "--draft-tokens", auto=True),
+        options.list_problem("temp", temp_list, "--temps"),
+        options.list_problem("branches", branch_list, "--branches"),
+        None if runs >= 1 else f"--runs must be at least 1 (got {runs})",
+        *(options.flag_problem(key, value) for key, value in (("max_tokens", max_tokens), ("seed", seed))),
+        None if plot_file is None or plot_file.suffix.lower() == ".svg" else "--plot writes SVG: give a file ending in .svg",
     ]
-    for ok, message in checks:
-        if not ok:
+    for message in problems:
+        if message:
             raise UsageError(message)
     prompt_list = suite.load(prompts, cats)
 
     cfg_file = config.config_file(config_path)
-    settings = config.resolve(dict(target=target, draft=draft, ctx_size=ctx_size), pair, cfg_file)
+    settings = config.resolve(options.given(settings_given), pair, cfg_file)
     has_draft = bool(settings.get("draft"))
     names = _parse_list(drafters, str, "--drafters") if drafters else ["none"] + (["model"] if has_draft else []) + ["lookup", "auto"]
     for name in names:
@@ -102,14 +101,14 @@ def bench(
     # One session serves every row: load the draft if a row may use it; rows pick their drafter.
     uses_model = has_draft and bool({"model", "auto"} & set(names))
     speculates = set(names) != {"none"}
-    settings = {**settings, "drafter": "auto" if uses_model else ("lookup" if speculates else "none"), "max_tokens": max_tokens}
-    cfg = run_config(settings, threads=threads, debug=False)
+    drafter = options.default_drafter(uses_model) if uses_model or not speculates else "lookup"
+    cfg = run_config({**settings, "drafter": drafter, "max_tokens": max_tokens}, debug=False)
     configs = runner.plan(names, ks, temp_list, branch_list)
-    curve_max = max([costs.CURVE_MAX] + [k + 1 for k in ks if k is not None])
-    if cfg.ctx_size < costs.CONTEXT + curve_max:
+    curve_max = max([costmodel.CURVE_MAX] + [k + 1 for k in ks if k is not None])
+    if cfg.ctx_size < costmodel.CONTEXT + curve_max:
         raise UsageError(
-            f"-c/--ctx-size must be at least {costs.CONTEXT + curve_max} for bench (got {cfg.ctx_size}): "
-            f"the cost curve decodes {curve_max} tokens after {costs.CONTEXT} of context"
+            f"-c/--ctx-size must be at least {costmodel.CONTEXT + curve_max} for bench (got {cfg.ctx_size}): "
+            f"the cost curve decodes {curve_max} tokens after {costmodel.CONTEXT} of context"
         )
     # Before any model loads: a bad output path should cost nothing, and must never destroy an input.
     inputs = {
@@ -124,11 +123,13 @@ def bench(
     interrupted = False
     with open_session(cfg) as session:
         ui.note(f"measuring the cost curve of {cfg.target.name}" + (f" and {cfg.draft.name}" if cfg.draft else ""))
-        curve = costs.measure(session.target_ctx, session.draft_ctx, session.prompt_tokens(prompt_list[0].text), curve_max)
+        tokens = session.prompt_tokens(prompt_list[0].text)
+        curve = costmodel.measure(session.target_ctx, session.draft_ctx, tokens, curve_max, thorough=True)
+        session.costs(tokens, measured=curve)  # auto starts from this measurement: the one the predictions use
         doc = {
             "machine": {**report.machine(), "threads": cfg.threads},
             "models": {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None},
-            "cost_curve": curve.as_dict(),
+            "cost_curve": report.cost_curve(curve),
             "settings": {"max_tokens": max_tokens, "runs": runs, "seed": seed, "ctx_size": cfg.ctx_size, "prompts": prompts,
                          "categories": sorted({p.category for p in prompt_list}), "prompt_count": len(prompt_list)},
             "rows": rows,

@@ -8,7 +8,7 @@ from . import config, ui
 from .models import store
 from .models.catalog import KNOWN
 from .errors import UsageError
-from .session import DRAFT_TOKENS, OptionError, RunConfig, default_threads
+from .options import DRAFT_TOKENS, OptionError, RunConfig, default_drafter, default_threads
 
 
 def model_file(ref: str) -> Path:
@@ -27,17 +27,18 @@ def _bar(model):
     return ui.byte_progress(f"assembling {model.name}", model.size)
 
 
-def run_config(settings: dict, *, threads: int, debug: bool) -> RunConfig:
+def run_config(settings: dict, *, debug: bool) -> RunConfig:
     """Settings (from config.resolve) to a validated RunConfig; known model names become assembled paths.
     With a draft the drafter defaults to auto, and auto's draft length to auto."""
     fields = {k: v for k, v in settings.items() if k in RunConfig.__dataclass_fields__}
     fields["target"] = model_file(settings["target"])
     draft = settings.get("draft")
-    fields["drafter"] = drafter = settings.get("drafter") or ("auto" if draft else "none")
+    fields["drafter"] = drafter = settings.get("drafter") or default_drafter(bool(draft))
     fields["draft"] = model_file(draft) if draft and drafter in ("model", "auto") else None
     fields["draft_tokens"] = draft_tokens(settings.get("draft_tokens"), drafter)
+    fields["threads"] = settings.get("threads") or default_threads()  # unset or 0: every core
     try:
-        return RunConfig(**fields, threads=threads or default_threads(), debug=debug)
+        return RunConfig(**fields, debug=debug)
     except OptionError as e:
         where = settings.get("from_file", {}).get(e.key)
         if where:  # the value came from the config file: say where, not which flag

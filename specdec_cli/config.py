@@ -15,32 +15,12 @@ from typing import Any
 from .errors import SpecdecError
 from .outputs import kind_name
 from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR, KNOWN
+from .options import PAIR_KEYS, default_drafter
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
-
-# Keys a [pairs.NAME] table may set, with their types.
-PAIR_KEYS: dict[str, type | tuple[type, ...]] = {
-    "target": str,
-    "draft": str,
-    "drafter": str,
-    "draft_tokens": (int, str),  # a number, or "auto"
-    "p_min": (int, float),
-    "branches": int,
-    "p_split": (int, float),
-    "max_tokens": int,
-    "chat": bool,
-    "system": str,
-    "temp": (int, float),
-    "top_k": int,
-    "top_p": (int, float),
-    "min_p": (int, float),
-    "seed": int,
-    "ctx_size": int,
-}
-
 
 class ConfigError(SpecdecError):
     def __init__(self, file: Path | str, key: str, problem: str):
@@ -131,7 +111,7 @@ def resolve(cli: dict[str, Any], pair: str | None, path: Path | None) -> dict[st
         raise SpecdecError(f"unknown pair {name!r}{where}", hint=f"pairs: {', '.join(pairs)}")
     merged = {**pairs[name], **given}
     if "draft" in given and "drafter" not in given:
-        merged["drafter"] = "auto"  # naming a draft on the command line means: use it where it pays
+        merged["drafter"] = default_drafter(True)  # naming a draft on the command line means: use it where it pays
     merged["pair"] = name
     if path is not None:
         merged["from_file"] = {k: (path, f"pairs.{name}.{k}") for k in pairs[name] if k not in given}

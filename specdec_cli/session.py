@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Iterator
 
 from .backend import vocab
@@ -18,44 +15,9 @@ from .engine.drafters import Drafter, ModelDrafter, NoDrafter
 from .engine.lookup import LookupDrafter
 from .engine.events import Event
 from .engine.kv import Sequence
-from .engine.sampling import Sampler
 from .engine.speculative import Settings, generate
 from .errors import SpecdecError, UsageError
-
-# The option each RunConfig field is set by, for messages.
-FLAGS = {
-    "max_tokens": "-n/--max-tokens", "draft_tokens": "-k/--draft-tokens", "p_min": "--p-min", "branches": "--branches",
-    "p_split": "--p-split", "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-    "seed": "--seed", "ctx_size": "-c/--ctx-size", "threads": "-t/--threads", "drafter": "--drafter",
-}  # fmt: skip
-
-
-class OptionError(UsageError):
-    """One setting breaks its rule; `key` names the RunConfig field (and config key)."""
-
-    def __init__(self, key: str, rule: str):
-        super().__init__(f"{FLAGS[key]} {rule}")
-        self.key = key
-        self.rule = rule
-
-# --- defaults, one per line ---------------------------------------------------------------------
-DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
-MAX_TOKENS = 256  # long enough for a code answer, short enough to come back quickly
-CTX_SIZE = 4096  # room for a page of prompt plus the answer; the KV cache stays small on a laptop
-MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve output room for 64
-MAX_BRANCHES = 8  # --branches: a tree verify batch holds every branch's nodes, and llama.cpp a seq id per branch
-P_SPLIT = 0.1  # fork where the draft's runner-up has >= 10% (llama.cpp's --draft-p-split)
-MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: more threads crash llama.cpp
-AUTO_K_MAX = 31  # -k auto drafts at most this many: verifying 32 tokens costs ~11x one here, 15 often pays more
-DRAFTERS = ("auto", "model", "lookup", "none")
-
-
-def default_threads() -> int:
-    """The cores this process may use (llama.cpp's decode scales with physical cores)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
 
 
 def available_memory() -> int | None:
@@ -87,90 +49,6 @@ def check_context(n_ctx: int, models: list[tuple[str, Model]]) -> None:
             f"{free / 2**30:.1f} GiB of memory is available",
             hint="use a smaller -c/--ctx-size",
         )
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything `generate` needs, resolved and validated in one place."""
-
-    target: Path
-    draft: Path | None = None
-    drafter: str = "none"  # one of DRAFTERS
-    draft_tokens: int | None = DRAFT_TOKENS  # None: auto, chosen every round by the cost model
-    p_min: float = 0.0  # draft model: stop drafting below this confidence (0 = off)
-    branches: int = 1  # draft model: at most this many branches per round (tree drafting when > 1)
-    p_split: float = P_SPLIT  # tree drafting: fork where the runner-up token has at least this probability
-    max_tokens: int = MAX_TOKENS
-    temp: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
-    ctx_size: int = CTX_SIZE
-    threads: int = field(default_factory=default_threads)
-    chat: bool | None = None  # None: use the chat template when the target has one
-    system: str | None = None
-    debug: bool = False
-
-    def __post_init__(self) -> None:
-        # (field, ok, rule): the message is the option's flag and the rule; a value that came from the
-        # config file is reported with the file and key instead (cli_common.run_config).
-        floats = ("temp", "top_p", "min_p", "p_min", "p_split")
-        checks = [(f, math.isfinite(getattr(self, f)), f"must be a finite number (got {getattr(self, f)})") for f in floats]
-        checks += [
-            ("max_tokens", self.max_tokens >= 1, f"must be at least 1 (got {self.max_tokens})"),
-            ("draft_tokens", self.draft_tokens is None or self.draft_tokens >= 1, f"must be at least 1 (got {self.draft_tokens})"),
-            ("draft_tokens", self.draft_tokens is None or self.draft_tokens <= MAX_DRAFT_TOKENS, f"must be at most {MAX_DRAFT_TOKENS} (got {self.draft_tokens})"),
-            ("p_min", 0 <= self.p_min <= 1, f"must be in [0, 1] (got {self.p_min}); 0 turns it off"),
-            ("branches", 1 <= self.branches <= MAX_BRANCHES, f"must be in 1..{MAX_BRANCHES} (got {self.branches})"),
-            ("p_split", 0 < self.p_split <= 1, f"must be in (0, 1] (got {self.p_split})"),
-            ("temp", self.temp >= 0, f"must be >= 0 (got {self.temp}); 0 means greedy"),
-            ("top_p", 0 < self.top_p <= 1, f"must be in (0, 1] (got {self.top_p}); 1 turns it off"),
-            ("min_p", 0 <= self.min_p <= 1, f"must be in [0, 1] (got {self.min_p}); 0 turns it off"),
-            ("top_k", self.top_k >= 0, f"must be >= 0 (got {self.top_k}); 0 turns it off"),
-            ("seed", self.seed is None or self.seed >= 0, f"must be >= 0 (got {self.seed})"),
-            ("ctx_size", self.ctx_size >= 16, f"must be at least 16 (got {self.ctx_size})"),
-            ("threads", self.threads >= 1, f"must be at least 1 (got {self.threads})"),
-            ("drafter", self.drafter in DRAFTERS, f"must be one of {', '.join(DRAFTERS)} (got {self.drafter!r})"),
-            ("threads", self.threads <= MAX_THREADS, f"must be at most {MAX_THREADS}, llama.cpp's limit (got {self.threads}; this machine has {os.cpu_count()} cores)"),
-        ]  # fmt: skip
-        for key, ok, rule in checks:
-            if not ok:
-                raise OptionError(key, rule)
-        usage = [
-            (self.drafter != "model" or self.draft is not None, "--drafter model needs --draft PATH"),
-            (
-                self.branches == 1 or (self.draft is not None and self.drafter in ("model", "auto")),
-                f"--branches {self.branches} needs a draft model: only the draft model forks "
-                f"({'--drafter ' + self.drafter if self.drafter in ('lookup', 'none') else 'no --draft given'})",
-            ),
-        ]
-        for ok, message in usage:
-            if not ok:
-                raise UsageError(message)
-
-    @property
-    def sampler(self) -> Sampler:
-        return Sampler(self.temp, self.top_k, self.top_p, self.min_p)
-
-    def as_dict(self) -> dict:
-        return {
-            "target": str(self.target),
-            "draft": str(self.draft) if self.draft else None,
-            "drafter": self.drafter,
-            "draft_tokens": "auto" if self.draft_tokens is None else self.draft_tokens,
-            "p_min": self.p_min,
-            "branches": self.branches,
-            "p_split": self.p_split,
-            "max_tokens": self.max_tokens,
-            "temp": self.temp,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-            "seed": self.seed,
-            "ctx_size": self.ctx_size,
-            "threads": self.threads,
-        }
 
 
 class Session:
@@ -279,9 +157,12 @@ class Session:
             model if name in ("auto", "model") else None,
         )  # fmt: skip
 
-    def costs(self, tokens: list[int]) -> costmodel.Costs:
-        """This machine's verify-cost curve, measured once per session (about a second), refined as it runs."""
-        if self._costs is None:
+    def costs(self, tokens: list[int], measured: costmodel.Costs | None = None) -> costmodel.Costs:
+        """This machine's costs, measured once per session and refined as auto runs: quickly (about a
+        second) on first use, unless a measurement is handed in (the bench's thorough one)."""
+        if measured is not None:
+            self._costs = measured.copy(AUTO_K_MAX + 1)  # auto refines its own copy, sized for its drafts
+        elif self._costs is None:
             self._costs = costmodel.measure(self.target_ctx, self.draft_ctx, tokens, AUTO_K_MAX + 1)
         return self._costs
 

@@ -24,7 +24,6 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .bench.runner import label
 from .engine.events import Origin, Token
 from .engine.stats import Stats
 
@@ -334,6 +333,14 @@ def _chart(rows: list[dict]) -> Text:
             text.append(bar, style="green" if r["speedup"] >= 1.0 else "red")
             text.append(f" {r['speedup']:.2f}x\n")
     return text
+
+
+def label(drafter: str, draft_tokens: int | str | None, branches: int = 1, k_for_auto: bool = False) -> str:
+    """A configuration in words: 'model k=3 b=2', 'lookup k=auto', 'auto', 'none'. The auto drafter
+    chooses its own k: named only where asked (`k_for_auto`)."""
+    k = "auto" if draft_tokens is None else draft_tokens
+    out = drafter + (f" k={k}" if k and (drafter != "auto" or k_for_auto) else "")
+    return out + (f" b={branches}" if branches > 1 else "")
 
 
 def _label(r: dict, k_for_auto: bool = False) -> str:

@@ -10,8 +10,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import write_fixture_set  # noqa: E402
 
-from specdec_cli.engine.events import Token  # noqa: E402
-from specdec_cli.engine.stats import Stats  # noqa: E402
+from specdec_cli.engine import costmodel  # noqa: E402
+from specdec_cli.engine.stats import Stats, collect  # noqa: E402
 from specdec_cli.session import RunConfig, open_session  # noqa: E402
 
 
@@ -23,14 +23,8 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 def run_engine(session, prompt: str, **overrides):
     """Generate through an open session; return (token ids, Stats, text)."""
-    tokens = session.prompt_tokens(prompt)
-    stats, ids, text = Stats(), [], []
-    for event in session.generate(tokens, **overrides):
-        stats.add(event)
-        if isinstance(event, Token):
-            ids.append(event.id)
-            text.append(event.text)
-    return ids, stats, "".join(text)
+    r = collect(session.generate(session.prompt_tokens(prompt), **overrides))
+    return r.tokens, r.stats, r.text
 
 
 def sample_counts(session, prompt: str, n: int, **overrides) -> tuple[dict, Stats]:
@@ -38,13 +32,9 @@ def sample_counts(session, prompt: str, n: int, **overrides) -> tuple[dict, Stat
     tokens = session.prompt_tokens(prompt)
     counts, parts = {}, []
     for seed in range(n):
-        stats, ids = Stats(), []
-        for event in session.generate(tokens, seed=seed, **overrides):
-            stats.add(event)
-            if isinstance(event, Token):
-                ids.append(event.id)
-        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
-        parts.append(stats)
+        r = collect(session.generate(tokens, seed=seed, **overrides))
+        counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
+        parts.append(r.stats)
     return counts, Stats.combine(parts)
 
 
@@ -85,3 +75,29 @@ def open_pair(models):
     yield _open
     for cm in reversed(opened):
         cm.__exit__(None, None, None)
+
+
+class FrozenCosts(costmodel.Costs):
+    """A synthetic curve that the fixtures' real timings must not overwrite: the decision depends on it alone."""
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        pass
+
+    def observe_draft(self, seconds_per_token: float) -> None:
+        pass
+
+    def copy(self, n_max: int | None = None) -> FrozenCosts:
+        return self  # frozen: a session's copy for auto to refine stays this curve
+
+
+def cheap_verification() -> FrozenCosts:
+    """Memory-bound hardware: verifying 16 tokens costs 1.1 single decodes, a draft token 1/60 of one.
+    Drafting pays there, so auto drafts, whatever this machine's own timings say."""
+    return FrozenCosts({1: 0.03, 16: 0.033, 32: 0.04}, 0.0005, 32)
+
+
+@pytest.fixture
+def frozen_costs(monkeypatch):
+    """Sessions opened in the test get `cheap_verification()` instead of this machine's measured costs,
+    so that what auto decides is the same on every machine."""
+    monkeypatch.setattr(costmodel, "measure", lambda *args, **kw: cheap_verification())

@@ -11,8 +11,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from specdec_cli.bench import report, suite
-from specdec_cli.bench.costs import CostCurve, expected_tokens_per_round, predicted_speedup
 from specdec_cli.cli import main
+from specdec_cli.engine.costmodel import Costs, expected_tokens_per_round, predicted_speedup
 from specdec_cli.errors import UsageError
 
 
@@ -112,11 +112,49 @@ def test_expected_tokens_per_round():
 
 
 def test_predicted_speedup_arithmetic():
-    curve = CostCurve({1: 0.030, 2: 0.050, 3: 0.070, 4: 0.087}, draft=0.006)
+    curve = Costs({1: 0.030, 2: 0.050, 3: 0.070, 4: 0.087}, draft=0.006)
     # E = (1 - 0.8^4) / 0.2 = 2.952; cost = 3 * 6 ms + 87 ms = 105 ms; 2.952 * 30 / 105 = 0.8434
     assert predicted_speedup(curve, 0.8, 3) == pytest.approx(2.952 * 0.030 / 0.105)
     assert predicted_speedup(curve, 0.8, 0) == 1.0
     assert curve.c == pytest.approx(0.2) and curve.relative(4) == pytest.approx(2.9)
+
+
+def test_the_bench_measures_once_and_auto_starts_from_that_measurement(capsys, models, tmp_path, monkeypatch):
+    from specdec_cli.engine import auto, costmodel
+
+    calls, seen = [], []
+    real_measure, real_init = costmodel.measure, auto.AutoDrafter.__init__
+
+    def measure(*args, **kw):
+        calls.append(kw.get("thorough", False))
+        return real_measure(*args, **kw)
+
+    def init(self, costs, *rest):
+        seen.append(costs)
+        real_init(self, costs, *rest)
+
+    monkeypatch.setattr(costmodel, "measure", measure)
+    monkeypatch.setattr(auto.AutoDrafter, "__init__", init)
+    code, doc, _, out = bench(capsys, models, tmp_path, "--drafters", "none,auto", "--categories", "code")
+    assert code == 0, out
+    assert calls == [True]  # one thorough measurement: auto does not time the machine again
+    curve = doc["cost_curve"]
+    assert seen and all(c.measured == seen[0].measured for c in seen)  # one session, one Costs
+    assert {str(n): round(t, 6) for n, t in seen[0].measured.items()} == curve["target_seconds"]
+    assert round(seen[0].draft_catch_up, 6) == curve["draft_catch_up_seconds"]
+
+
+def test_costs_keep_the_measured_plain_cost_and_catch_up():
+    c = Costs({1: 0.030, 2: 0.050, 4: 0.080}, draft=0.006, n_max=8, plain=0.028, draft_catch_up=0.010)
+    assert c.verify(1) == c.plain == 0.028  # a round that drafts nothing is plain decoding
+    assert c.measured[1] == 0.030  # ...while the report keeps t(1) as timed after a draft decode
+    assert c.catch_up(2) == pytest.approx(0.004)  # measured: what auto and the bench's prediction both use
+    assert c.catch_up(3) == pytest.approx(0.006 * (0.065 / 0.028 - 1))  # beyond: scaled by the target's curve
+    copy = c.copy(16)
+    assert len(copy.table) == 16 and copy.verify(8) == pytest.approx(0.16) and copy.plain == 0.028
+    copy.observe_verify(2, 0.06)
+    assert c.verify(2) == 0.050  # the copy refines on its own
+    assert report.cost_curve(c)["target_relative"] == {"1": 1.071, "2": 1.786, "4": 2.857}
 
 
 def _row(drafter, k, speedup, temp=0.0):
@@ -125,10 +163,10 @@ def _row(drafter, k, speedup, temp=0.0):
 
 
 def test_recommendation_names_the_best_configuration_or_says_why_not():
-    cheap = CostCurve({n: 0.03 * (1 + 0.05 * (n - 1)) for n in range(1, 17)}, draft=0.003)
+    cheap = Costs({n: 0.03 * (1 + 0.05 * (n - 1)) for n in range(1, 17)}, draft=0.003)
     text = report.recommendation([_row("none", 0, 1.0), _row("model", 2, 1.2), _row("model", 4, 1.4)], cheap)
     assert text.startswith("Use --drafter model -k 4: 1.40x")
-    costly = CostCurve({1: 0.028, 2: 0.05, 3: 0.069, 4: 0.081, 5: 0.1}, draft=0.016)
+    costly = Costs({1: 0.028, 2: 0.05, 3: 0.069, 4: 0.081, 5: 0.1}, draft=0.016)
     text = report.recommendation([_row("none", 0, 1.0), _row("model", 3, 0.75)], costly)
     assert text.startswith("Speculation does not pay here") and "c = 0.57" in text and "2.89x" in text
     assert "--drafter none" in text
@@ -179,7 +217,7 @@ def test_model_drafter_needs_a_draft(capsys, models):
 
 
 def test_predicted_speedup_counts_the_drafts_catch_up_and_plain_cost():
-    curve = CostCurve({1: 0.030, 2: 0.050, 3: 0.070, 4: 0.087}, draft=0.006, plain=0.028, draft_catch_up=0.010)
+    curve = Costs({1: 0.030, 2: 0.050, 3: 0.070, 4: 0.087}, draft=0.006, plain=0.028, draft_catch_up=0.010)
     # After a fully accepted round (probability a^k) the draft feeds 2 tokens: +4 ms with probability 0.8^3.
     draft_round = 3 * 0.006 + 0.8**3 * 0.004
     assert curve.draft_round(0.8, 3) == pytest.approx(draft_round)

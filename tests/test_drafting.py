@@ -9,7 +9,7 @@ from conftest import run_engine, same_distribution, sample_counts
 
 from specdec_cli.engine.auto import AutoDrafter
 from specdec_cli.engine.costmodel import Costs, best_length, expected_tokens
-from specdec_cli.engine.drafters import Draft
+from specdec_cli.engine.drafters import Draft, Outcome
 from specdec_cli.engine.lookup import LookupDrafter, longest_match
 from specdec_cli.engine.sampling import Sampler
 
@@ -180,6 +180,18 @@ def test_costs_interpolate_and_learn_online():
     assert c.verify(2) < 0.02
 
 
+def test_quick_measurement_times_a_few_sizes_and_the_thorough_one_every_size(open_pair):
+    from specdec_cli.engine.costmodel import measure
+
+    s = open_pair("draft", drafter="auto")
+    tokens = s.prompt_tokens("def f(x):")
+    quick = measure(s.target_ctx, s.draft_ctx, tokens, 32)
+    assert list(quick.measured) == [1, 2, 4, 8, 16] and len(quick.table) == 32  # the rest interpolated
+    assert quick.draft > 0 and quick.draft_catch_up is None and quick.plain == quick.measured[1]
+    thorough = measure(s.target_ctx, s.draft_ctx, tokens, 4, thorough=True)
+    assert list(thorough.measured) == [1, 2, 3, 4] and thorough.draft > 0 and thorough.draft_catch_up > 0
+
+
 def test_auto_decodes_plainly_without_a_match_and_drafts_a_long_reliable_match():
     auto = AutoDrafter(flat_curve(), LookupDrafter(), None)
     assert auto.propose([1, 2, 3, 4, 5], 31, GREEDY, RNG).tokens == []  # nothing to copy
@@ -203,7 +215,7 @@ def test_auto_learns_lookup_acceptance_from_rounds_it_did_not_draft():
     for _ in range(20):
         draft = auto.propose(committed, 8, GREEDY, RNG)
         assert draft.tokens == []
-        auto.observe(draft, 0, 9, 0.03, 0.0, [])  # the target's token was lookup's guess
+        auto.observe(draft, Outcome(path=[], token=9, draft_seconds=0.0, verify_seconds=0.03))  # lookup's guess
     assert auto.lookup_accept.mean(3) > max(before, 0.9)
 
 
@@ -243,13 +255,18 @@ def test_lookup_greedy_matches_target_only(open_pair, target_only, k):
 
 
 @pytest.mark.parametrize("draft, drafter", [("draft", "auto"), (None, "auto"), ("draft", "model"), (None, "lookup")])
-def test_auto_greedy_matches_target_only(open_pair, target_only, draft, drafter):
+def test_auto_greedy_matches_target_only(open_pair, frozen_costs, target_only, draft, drafter):
+    # Frozen costs where drafting pays: on any machine auto drafts, so the output check has teeth.
     s = open_pair(draft, drafter=drafter, draft_tokens=None, max_tokens=40)  # -k auto
+    drafted = {}
     for prompt in REPEATING:
         ids, stats, _ = run_engine(s, prompt)
         assert ids == target_only[prompt], prompt
         assert sum(d.rounds for d in stats.by_drafter.values()) == stats.rounds
         assert stats.predicted_vs_realised() is not None
+        for name, d in stats.by_drafter.items():
+            drafted[name] = drafted.get(name, 0) + d.drafted
+    assert drafted.get("model" if draft else "lookup", 0) > 0, drafted
 
 
 def test_lookup_drafts_on_repetitive_text(open_pair):

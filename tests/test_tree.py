@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import config, run_engine, same_distribution, sample_counts
+from conftest import FrozenCosts, config, run_engine, same_distribution, sample_counts
 from specdec_cli.engine.acceptance import greedy_tree_accept, multi_draft_accept, speculative_accept
 from specdec_cli.engine.auto import AutoDrafter
 from specdec_cli.engine.costmodel import Costs
@@ -13,7 +13,7 @@ from specdec_cli.engine.drafters import ModelDrafter
 from specdec_cli.engine.events import Round
 from specdec_cli.engine.kv import Branches, KVInvariantError, Sequence
 from specdec_cli.engine.sampling import Sampler
-from specdec_cli.engine.stats import Stats
+from specdec_cli.engine.stats import collect
 from specdec_cli.session import open_session
 
 PROMPTS = ["hello world", "The quick brown fox", "abcabcabc", "zq"]
@@ -196,10 +196,7 @@ def test_rounds_report_branches_winner_and_verified_tokens(open_pair):
     trees = [r for r in rounds if r.branches > 1]
     assert trees and all(r.branches <= 3 and 0 <= r.winner < r.branches for r in rounds)
     assert all(r.drafted <= 4 * r.branches and r.accepted <= min(4, r.drafted) for r in trees)
-    stats = Stats()
-    for r in rounds:
-        stats.add(r)
-    d = stats.as_dict()
+    d = collect(rounds).stats.as_dict()
     assert d["tree_rounds"] == len(trees) and sum(d["branch_wins"]) == len(trees)
     assert 0 < len(d["per_position_accept"]) <= 4  # positions are depths, not node indices
     assert d["mean_branches"] == pytest.approx(sum(r.branches for r in rounds) / len(rounds), abs=1e-4)
@@ -224,16 +221,6 @@ def _auto(s, costs: Costs, branches: int) -> AutoDrafter:
     return AutoDrafter(costs, None, ModelDrafter(Sequence.empty(s.draft_ctx), 0.0, branches, 0.02))
 
 
-class FrozenCosts(Costs):
-    """A synthetic curve that the fixtures' real timings must not overwrite: the decision depends on it alone."""
-
-    def observe_verify(self, n: int, seconds: float) -> None:
-        pass
-
-    def observe_draft(self, seconds_per_token: float) -> None:
-        pass
-
-
 @pytest.mark.parametrize("flat, forks", [(True, True), (False, False)])
 def test_auto_forks_only_when_verification_is_cheap(open_pair, flat, forks):
     from specdec_cli.engine.speculative import Settings, generate
@@ -243,10 +230,8 @@ def test_auto_forks_only_when_verification_is_cheap(open_pair, flat, forks):
     curve = {1: 0.03, 16: 0.033, n: 0.04} if flat else {1: 0.03, n: 0.03 * n}
     costs = FrozenCosts(curve, 0.0005 if flat else 0.016, n)  # a cheap draft where verification is nearly free
     prompt = s.prompt_tokens(PROMPTS[1])
-    stats = Stats()
     events = generate(Sequence.empty(s.target_ctx), _auto(s, costs, 3), prompt, Settings(8, 30, debug=True))
-    for e in events:
-        stats.add(e)
+    stats = collect(events).stats
     assert (stats.tree_rounds > 0) == forks
 
 
@@ -273,9 +258,10 @@ def test_bad_tree_settings_are_clean_errors(models, kw, message):
 
 def test_combinations_of_branch_counts_are_planned_for_model_and_auto():
     from specdec_cli.bench.runner import plan
+    from specdec_cli.ui import label
 
     configs = plan(["none", "model", "lookup", "auto"], [3], [0.0], [1, 2, 3])
-    labels = [c.label for c in configs]
+    labels = [label(c.drafter, c.draft_tokens, c.branches) for c in configs]
     assert labels == ["none", *(f"model k=3{'' if b == 1 else f' b={b}'}" for b in (1, 2, 3)), "lookup k=3",
                       "auto", "auto b=2", "auto b=3"]  # fmt: skip
     assert [c.branches for c in configs] == [1, 1, 2, 3, 1, 1, 2, 3]

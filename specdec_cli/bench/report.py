@@ -8,11 +8,10 @@ import io
 import json
 import os
 import platform
-from dataclasses import replace
 from pathlib import Path
 
+from ..engine.costmodel import Costs, predicted_speedup
 from ..engine.stats import Stats
-from .costs import CostCurve, predicted_speedup
 from .runner import RowResult
 from .suite import Prompt
 
@@ -27,7 +26,7 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list[dict]:
+def rows_for(result: RowResult, prompts: list[Prompt], costs: Costs) -> list[dict]:
     """One row for all prompts ("all") and one per category."""
     groups = {"all": list(range(len(prompts)))}
     for i, p in enumerate(prompts):
@@ -38,7 +37,7 @@ def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list
         mine = Stats.combine([result.runs[i].stats for i in idx])
         base = Stats.combine([result.baseline[i].stats for i in idx])
         speedup = mine.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
-        predicted = _predicted(curve, mine, cfg)
+        predicted = _predicted(costs, mine, cfg)
         both = mine.predicted_vs_realised()
         gen = mine.generation_seconds or 1.0
         identical = None
@@ -77,22 +76,36 @@ def rows_for(result: RowResult, prompts: list[Prompt], curve: CostCurve) -> list
     return out
 
 
-def _predicted(curve: CostCurve, stats: Stats, cfg) -> float | None:
+def cost_curve(costs: Costs) -> dict:
+    """The measurement as the bench reports it (JSON `cost_curve`): t(n) as timed, relative to plain decoding."""
+    r = lambda x: round(x, 6) if x is not None else None  # noqa: E731
+    return {
+        "target_seconds": {str(n): round(t, 6) for n, t in costs.measured.items()},
+        "target_relative": {str(n): round(t / costs.plain, 3) for n, t in costs.measured.items()},
+        "plain_seconds_per_token": r(costs.plain),
+        "draft_seconds_per_token": r(costs.draft),
+        "draft_catch_up_seconds": r(costs.draft_catch_up),
+        "c": round(costs.c, 4) if costs.c is not None else None,
+    }
+
+
+def _predicted(costs: Costs, stats: Stats, cfg) -> float | None:
     """Leviathan's speed-up with the measured costs, for a fixed draft length (auto predicts per round)."""
     if cfg.is_baseline:
         return 1.0
     if cfg.draft_tokens is None or cfg.drafter == "auto" or cfg.branches > 1:
         return None  # auto predicts per round; a tree's yield is not the chain's geometric series
     if cfg.drafter == "lookup":  # a lookup draft costs no decode
-        curve = replace(curve, draft=0.0, draft_catch_up=None)
-    elif curve.draft is None:
+        costs = costs.copy()
+        costs.draft, costs.draft_catch_up = 0.0, None
+    elif costs.draft is None:
         return None
     # The geometric model needs the per-token acceptance, not accepted/drafted (which counts the
     # draft tokens after a rejection, never checked, as failures too).
-    return predicted_speedup(curve, stats.per_token_accept, cfg.draft_tokens)
+    return predicted_speedup(costs, stats.per_token_accept, cfg.draft_tokens)
 
 
-def recommendation(rows: list[dict], curve: CostCurve) -> str:
+def recommendation(rows: list[dict], costs: Costs) -> str:
     overall = [r for r in rows if r["category"] == "all" and r["drafter"] != "none"]
     if not overall:
         return "Only the baseline ran: add --drafters model (with a draft) to see what speculation does here."
@@ -106,12 +119,13 @@ def recommendation(rows: list[dict], curve: CostCurve) -> str:
             f"(accept rate {best['accept_rate']:.0%}, {best['mean_accepted']:.2f} tokens per verification)."
         )
     k = best["draft_tokens"] if isinstance(best["draft_tokens"], int) else 3
-    verify = f"verifying {k + 1} tokens costs {curve.relative(k + 1):.2f}x one"
-    if curve.draft is not None:
-        ceiling = max(predicted_speedup(curve, 1.0, j) for j in range(1, len(curve.target)))
-        why = f"A draft token costs c = {curve.c:.2f} of a target token and {verify}, so even a draft accepted every time"
+    verify = f"verifying {k + 1} tokens costs {costs.relative(k + 1):.2f}x one"
+    top = max(costs.measured)  # the largest batch timed
+    if costs.draft is not None:
+        ceiling = max(predicted_speedup(costs, 1.0, j) for j in range(1, top))
+        why = f"A draft token costs c = {costs.c:.2f} of a target token and {verify}, so even a draft accepted every time"
     else:  # lookup: drafting is free, only verification costs
-        ceiling = max((j + 1) / curve.relative(j + 1) for j in range(1, len(curve.target)))
+        ceiling = max((j + 1) / costs.relative(j + 1) for j in range(1, top))
         why = f"Lookup drafts for free, but {verify}, so even a lookup right every time"
     return (
         f"Speculation does not pay here: the best configuration ({how}) runs at {best['speedup']:.2f}x. "

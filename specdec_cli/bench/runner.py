@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..engine.events import Token
 from ..engine.sampling import Sampler
-from ..engine.stats import Stats
+from ..engine.stats import Stats, collect
 from ..session import Session
 from .suite import Prompt
 
@@ -23,18 +22,6 @@ class Config:
     @property
     def is_baseline(self) -> bool:
         return self.drafter == "none"
-
-    @property
-    def label(self) -> str:
-        return label(self.drafter, self.draft_tokens, self.branches)
-
-
-def label(drafter: str, draft_tokens: int | str | None, branches: int = 1, k_for_auto: bool = False) -> str:
-    """A configuration in words: 'model k=3 b=2', 'lookup k=auto', 'auto', 'none'. The auto drafter
-    chooses its own k: named only where asked (`k_for_auto`)."""
-    k = "auto" if draft_tokens is None else draft_tokens
-    out = drafter + (f" k={k}" if k and (drafter != "auto" or k_for_auto) else "")
-    return out + (f" b={branches}" if branches > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -87,16 +74,13 @@ def sweep(
 
     def generate(config: Config, i: int) -> Run:
         s = Sampler(config.temp, sampler.top_k, sampler.top_p, sampler.min_p)
-        stats, ids = Stats(), []
-        for event in session.generate(
+        events = session.generate(
             encoded[i], drafter=config.drafter, draft_tokens=config.draft_tokens, branches=config.branches,
             max_tokens=max_tokens, sampler=s, seed=seed + i,
-        ):  # fmt: skip
-            stats.add(event)
-            if isinstance(event, Token):
-                ids.append(event.id)
+        )  # fmt: skip
+        result = collect(events)
         tick()
-        return Run(stats, ids)
+        return Run(result.stats, result.tokens)
 
     for config in configs:
         generate(config, 0)  # warm-up: caches, page faults, CPU clocks

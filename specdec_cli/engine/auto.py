@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .costmodel import Costs, best_length, expected_tokens
-from .drafters import EMPTY, Draft, ModelDrafter
+from .drafters import EMPTY, Draft, Drafter, ModelDrafter, Outcome
 from .lookup import LookupDrafter
 from .sampling import Sampler
+from .tree import Tree
 
 # Per-token acceptance priors, by bucket. Two pseudo-observations each: a handful of rounds outweigh them.
 PRIOR_STRENGTH = 2.0
@@ -70,7 +71,7 @@ class Rate:
         self.total += 1
 
 
-class AutoDrafter:
+class AutoDrafter(Drafter):
     """Chooses, every round, between plain decoding and the drafters it was given."""
 
     name = "auto"
@@ -101,7 +102,7 @@ class AutoDrafter:
                 self._shadow = (length, cont[0])
                 if k_look and rate > best_rate:
                     best_rate, choice = rate, "lookup"
-                    lookup_draft = Draft(cont[:k_look], None, "lookup", k_look, predicted=e, match=length)
+                    lookup_draft = Draft(cont[:k_look], None, source="lookup", k=k_look, predicted=e, match=length)
         if self.model is not None and not self.model.failed and k > 0:
             a = self.model_rate.upper
             catch_up = self.costs.catch_up(self.model.lag(committed))
@@ -144,7 +145,7 @@ class AutoDrafter:
 
         tree = self.model.branches > 1
         draft = self.model.propose(committed, k, sampler, rng, keep_going, fork_pays if tree else None)
-        if draft.parents is not None:  # a tree is verified whole; its batched decodes say little of one token's cost
+        if isinstance(draft.shape, Tree):  # a tree is verified whole; its batched decodes say little of one token's cost
             self._decodes = 0
             return replace(draft, predicted=self._tree_tokens(draft))
         accept = [self.model_accept.mean(c) for c in draft.confidence]
@@ -163,32 +164,29 @@ class AutoDrafter:
     def _tree_tokens(self, draft: Draft) -> float:
         """Expected tokens from a tree round: 1 + the sum over nodes of P(its whole path is accepted)."""
         reach = []
-        for i, parent in enumerate(draft.parents):
+        for i, parent in enumerate(draft.shape.parents):
             reach.append((reach[parent] if parent >= 0 else 1.0) * self.model_accept.mean(draft.confidence[i]))
         return 1.0 + float(sum(reach))
 
-    def observe(
-        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
-    ) -> None:
-        n = len(draft.tokens)
-        self.costs.observe_verify(n + 1, verify_seconds)
-        first = draft.tokens[path[0]] if path else token  # the round's first new token
+    def observe(self, draft: Draft, outcome: Outcome) -> None:
+        n, path = len(draft.tokens), outcome.path
+        self.costs.observe_verify(n + 1, outcome.verify_seconds)
+        first = draft.tokens[path[0]] if path else outcome.token  # the round's first new token
         if draft.source == "lookup":
-            for i in range(min(accepted + 1, n)):  # every token up to and including the first rejected one
-                self.lookup_accept.observe(draft.match + i, i < accepted)
+            for i in range(min(outcome.accepted + 1, n)):  # every token up to and including the first rejected one
+                self.lookup_accept.observe(draft.match + i, i < outcome.accepted)
         elif self._shadow is not None:
             # Lookup sat out, but its first token is checked for free: the target's token is the verdict.
             length, guess = self._shadow
             self.lookup_accept.observe(length, first == guess)
         if draft.source == "model":
             # Checked: the accepted nodes, then every child of the last one (all rejected).
-            end = path[-1] if path else -1
-            parents = draft.parents or tuple(range(-1, n - 1))
-            for i, ok in [(i, True) for i in path] + [(c, False) for c, p in enumerate(parents) if p == end]:
+            rejected = draft.shape.children(path[-1] if path else -1, n)
+            for i, ok in [(i, True) for i in path] + [(c, False) for c in rejected]:
                 self.model_accept.observe(draft.confidence[i], ok)
                 self.model_rate.observe(ok)
             if self._decodes:
-                self.costs.observe_draft(draft_seconds / self._decodes)
+                self.costs.observe_draft(outcome.draft_seconds / self._decodes)
 
     def rollback(self, n: int, winner: int = 0) -> None:
         if self.model is not None:

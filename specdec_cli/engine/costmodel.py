@@ -1,12 +1,21 @@
-"""What a round costs and what it yields: the inputs `--drafter auto` maximises tokens per second with.
+"""The cost model: what a round of speculation costs on this machine and what it yields.
 
-Verifying n tokens costs t(n) seconds: measured at start-up (about a second), refined online from
-every verification. On a CPU t(n) grows almost linearly until the batch is large enough for the
-matrix-multiply kernels (n = 8..16 here), so a long draft can be cheaper per token than a short one.
+A round drafts k tokens and verifies them in one target decode of k+1 tokens. It emits
+E[tokens | k] = 1 + sum_j prod_{i<=j} a_i tokens (a_i: the chance that draft token i is accepted once
+1..i-1 were), so its rate is E[tokens | k] / (draft cost(k) + t(k+1)) against plain decoding's 1 / t(1):
+Leviathan et al. (2023) with the measured verify cost t(n) instead of "verifying k+1 costs one".
+On a CPU t(n) grows almost linearly until the batch is large enough for the matrix-multiply kernels
+(n = 8..16 here), so a long draft can be cheaper per token than a short one: t(n) is measured, not assumed.
+
+`--drafter auto` maximises that rate every round (`best_length`); the bench predicts each row's
+speed-up with the same functions from the same `Costs`, which it hands to the session for auto to start
+from, so its predicted-vs-measured check validates what auto uses. `measure` times the machine once per
+session: quickly when auto starts, or thoroughly for the bench; `Costs.observe_*` refine it as rounds run.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Sequence as Seq
 
@@ -15,24 +24,47 @@ import numpy as np
 from ..backend.native import Context
 from .kv import Sequence
 
-MEASURE_SIZES = (1, 2, 4, 8, 16)  # two passes: ~1 s for a 1.5B model on 2 cores; the rest is interpolated
-MEASURE_PASSES = 2  # the faster of two: a single decode is often slowed by the OS, rarely sped up
-WARMUP = 3  # decodes before timing: the first ones after loading run slow
+# Quick: auto's start-up, about a second for a 1.5B model on 2 cores.
+QUICK_SIZES = (1, 2, 4, 8, 16)  # the rest is interpolated
+QUICK_PASSES = 2  # the faster of two: a single decode is often slowed by the OS, rarely sped up
+QUICK_WARMUP = 3  # decodes before timing: the first ones after loading run slow
+QUICK_CONTEXT = 32  # tokens of context before each timed decode
+# Thorough: the bench's, about 12 s; every size, timed as speculation runs it.
+CURVE_MAX = 16  # the bench times t(n) for n = 1..16 (more if a row drafts longer)
+REPEATS = 5  # median of 5 decodes per point: steady on a shared machine, cheap enough
+WARMUP_SECONDS = 3.0  # right after loading, decodes run ~10% slow for a while
+WARMUP_MAX = 150  # ...but tiny models settle within this many decodes
+CONTEXT = 64  # tokens of context before each timed decode, so attention costs what it does in use
+# Online refinement.
 SMOOTHING = 0.2  # weight of a new observation: follows drift within ~5 rounds, shrugs off one preempted decode
 MAX_SAMPLE_RATIO = 2.0  # an observation 2x off the estimate is clipped: the OS paused us, the model did not change
 
 
 class Costs:
-    """t(n) for n = 1..n_max (seconds per target decode of n tokens) and the draft's cost per token."""
+    """t(n) for n = 1..n_max (seconds per target decode of n tokens) and the draft's cost per token.
+    Where measured apart: `plain`, plain decoding's seconds per token (back to back), which stands for
+    t(1) since a round that drafts nothing is plain decoding; and `draft_catch_up`, a draft decode of
+    2 tokens (the first one after a fully accepted round, which feeds the draft the token it never saw)."""
 
-    def __init__(self, verify: dict[int, float], draft: float | None = None, n_max: int = 64):
-        sizes = sorted(verify)
-        n = np.arange(1, n_max + 1)
-        table = np.interp(n, sizes, [verify[s] for s in sizes])
-        last = sizes[-1]  # beyond the last size: the same cost per token (the kernels are saturated by then)
-        table[n > last] = verify[last] * n[n > last] / last
-        self.table = table
+    def __init__(
+        self, verify: dict[int, float], draft: float | None = None, n_max: int = 64,
+        plain: float | None = None, draft_catch_up: float | None = None,
+    ):  # fmt: skip
+        self.measured = dict(sorted(verify.items()))  # t(n) as timed (after a draft decode): the bench reports it
         self.draft = draft
+        self.draft_catch_up = draft_catch_up
+        self._plain = plain
+        points = {**self.measured, 1: plain} if plain is not None else self.measured
+        sizes = sorted(points)
+        n = np.arange(1, n_max + 1)
+        table = np.interp(n, sizes, [points[s] for s in sizes])
+        last = sizes[-1]  # beyond the last size: the same cost per token (the kernels are saturated by then)
+        table[n > last] = points[last] * n[n > last] / last
+        self.table = table
+
+    def copy(self, n_max: int | None = None) -> Costs:
+        """Its own Costs to refine, from the same measurement, with a table of n_max sizes."""
+        return Costs(self.measured, self.draft, n_max or len(self.table), self._plain, self.draft_catch_up)
 
     def verify(self, n: int) -> float:
         return float(self.table[min(n, len(self.table)) - 1])
@@ -41,17 +73,34 @@ class Costs:
     def plain(self) -> float:
         return self.verify(1)
 
+    @property
+    def c(self) -> float | None:
+        """t_draft / t_target(1): the draft's cost in target tokens."""
+        return self.draft / self.plain if self.draft is not None else None
+
+    def relative(self, n: int) -> float:
+        return self.verify(n) / self.plain
+
+    def catch_up(self, gap: int) -> float:
+        """The extra cost of a draft decode of `gap` tokens over one: measured for 2 (the common case,
+        after a fully accepted round), else scaled by the target's curve (the same kernels at another size)."""
+        if gap <= 1 or self.draft is None:
+            return 0.0
+        if gap == 2 and self.draft_catch_up is not None:
+            return self.draft_catch_up - self.draft
+        return self.draft * (self.verify(gap) / self.plain - 1.0)
+
+    def draft_round(self, a: float, k: int) -> float:
+        """Expected seconds to draft k tokens when each is accepted with probability a: k one-token decodes,
+        plus the measured catch-up after a fully accepted round (probability a^k); none where not measured."""
+        extra = self.catch_up(2) if self.draft_catch_up is not None else 0.0
+        return k * (self.draft or 0.0) + a**k * extra
+
     def observe_verify(self, n: int, seconds: float) -> None:
         self.table[n - 1] = _smooth(self.table[n - 1], seconds)
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft = seconds_per_token if self.draft is None else _smooth(self.draft, seconds_per_token)
-
-    def catch_up(self, gap: int) -> float:
-        """A draft decode of `gap` tokens, scaled by the target's curve (the same kernels at another size)."""
-        if gap <= 1 or self.draft is None:
-            return 0.0
-        return self.draft * (self.verify(gap) / self.plain - 1.0)
 
 
 def _smooth(old: float, new: float) -> float:
@@ -59,41 +108,15 @@ def _smooth(old: float, new: float) -> float:
     return old + SMOOTHING * (new - old)
 
 
-def measure(target: Context, draft: Context | None, tokens: list[int], n_max: int = 64) -> Costs:
-    """Time target decodes of each size in MEASURE_SIZES, and three draft decodes, after the prompt's
-    own tokens as context. Interpolated between sizes; `Costs.observe_*` refine it as generation runs."""
-    sizes = [n for n in MEASURE_SIZES if n <= n_max]
-    filler = (tokens * (1 + (32 + max(sizes)) // max(len(tokens), 1)))[: 32 + max(sizes)]
-    prefix, batch = filler[:32], filler[32:]
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
-    seq = Sequence.empty(target)
-    seq.append(prefix)
-    for n in [sizes[-1]] * WARMUP + sizes * MEASURE_PASSES:
-        samples[n].append(_timed(lambda: seq.append(batch[:n], outputs="all")))
-        seq.rollback(len(prefix))
-    seq.rollback(0)
-    t_draft = None
-    if draft is not None:
-        dseq = Sequence.empty(draft)
-        dseq.append(prefix)
-        times = []
-        for t in batch[:3]:
-            times.append(_timed(lambda: dseq.append([t])))
-        dseq.rollback(0)
-        t_draft = float(np.median(times))
-    return Costs({n: min(s) for n, s in samples.items()}, t_draft, n_max)
-
-
-def _timed(run) -> float:
-    t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0
-
-
 def expected_tokens(accept: Seq[float]) -> np.ndarray:
     """E[tokens emitted] for every draft length 0..k, where accept[i] is the chance that draft token
     i+1 is accepted given that tokens 1..i were: 1 (the target's own token) + sum of prefix products."""
     return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(accept))))
+
+
+def expected_tokens_per_round(a: float, k: int) -> float:
+    """The same with one acceptance a for every token: (1 - a^(k+1)) / (1 - a)."""
+    return float(expected_tokens([a] * k)[-1])
 
 
 def best_length(accept: Seq[float], costs: Costs, draft_cost: Seq[float] | float = 0.0) -> tuple[int, float, float]:
@@ -109,3 +132,77 @@ def best_length(accept: Seq[float], costs: Costs, draft_cost: Seq[float] | float
     rate = e / seconds
     k = int(np.argmax(rate))
     return k, float(rate[k]), float(e[k])
+
+
+def predicted_speedup(costs: Costs, a: float, k: int) -> float:
+    """A chain of k draft tokens, each accepted with probability a, over plain decoding:
+    E[tokens | k] * t(1) / (draft cost(k) + t(k+1))."""
+    if k == 0:
+        return 1.0
+    return expected_tokens_per_round(a, k) * costs.plain / (costs.draft_round(a, k) + costs.verify(k + 1))
+
+
+def measure(target: Context, draft: Context | None, tokens: list[int], n_max: int = 64, thorough: bool = False) -> Costs:
+    """Time target decodes of n tokens and one-token draft decodes, after the prompt's tokens as context.
+    Quick: the QUICK_SIZES up to n_max, the fastest of two passes, interpolated. Thorough: every n up to
+    n_max, medians, each target decode right after a draft decode and vice versa (switching models costs
+    ~1-2 ms on a CPU), t(1) also back to back as plain decoding runs, and the draft's catch-up decode."""
+    context = CONTEXT if thorough else QUICK_CONTEXT
+    sizes = list(range(1, n_max + 1)) if thorough else [n for n in QUICK_SIZES if n <= n_max]
+    filler = (tokens * (1 + (context + sizes[-1]) // max(len(tokens), 1)))[: context + sizes[-1]]
+    prefix, batch = filler[:context], filler[context:]
+    seq = Sequence.empty(target)
+    seq.append(prefix)
+    dseq = Sequence.empty(draft) if draft is not None else None
+    if dseq is not None:
+        dseq.append(prefix)
+
+    def t_target(n: int) -> float:
+        return _timed(lambda: seq.append(batch[:n], outputs="all"), lambda: seq.rollback(context))
+
+    def t_draft(n: int) -> float:
+        return _timed(lambda: dseq.append(batch[:n]), lambda: dseq.rollback(context))
+
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    plain, drafts, catch_up = [], [], []
+    if thorough:
+        start = time.perf_counter()
+        for _ in range(WARMUP_MAX):
+            if time.perf_counter() - start > WARMUP_SECONDS:
+                break
+            t_target(4)
+            if dseq is not None:
+                t_draft(1)
+        # Whole passes over n rather than n after n, so that drift on a shared machine spreads evenly.
+        for _ in range(REPEATS):
+            plain += [t_target(1) for _ in range(3)]
+            for n in sizes:
+                if dseq is not None:
+                    drafts.append(t_draft(1))  # the draft runs, then the target verifies
+                samples[n].append(t_target(n))
+            if dseq is not None:
+                catch_up.append(t_draft(2))
+    else:
+        for n in [sizes[-1]] * QUICK_WARMUP + sizes * QUICK_PASSES:
+            samples[n].append(t_target(n))
+        if dseq is not None:
+            drafts = [t_draft(1) for _ in range(3)]
+    seq.rollback(0)
+    if dseq is not None:
+        dseq.rollback(0)
+    median = statistics.median  # of five; of two, the fastest: the OS slows a decode, it never speeds one up
+    return Costs(
+        {n: (median(s) if thorough else min(s)) for n, s in samples.items()},
+        median(drafts) if drafts else None,
+        n_max,
+        plain=median(plain) if plain else None,
+        draft_catch_up=median(catch_up) if catch_up else None,
+    )
+
+
+def _timed(run, undo) -> float:
+    t0 = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - t0
+    undo()
+    return seconds

@@ -3,20 +3,21 @@ change the output; they only change how fast it comes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from dataclasses import KW_ONLY, dataclass
+from typing import Callable
 
 import numpy as np
 
 from .kv import Branches, Sequence
 from .sampling import NonFiniteLogits, Sampler, draw, entropy
-from .tree import ForkRule, draft_tree
+from .tree import CHAIN, Chain, ForkRule, Tree, draft_tree
 
 
 @dataclass(frozen=True, slots=True)
 class Draft:
     tokens: list[int]
     q: np.ndarray | None  # (k, n_vocab) draft probabilities when sampled from a model; else None
+    _: KW_ONLY  # the rest by name: several share a type, and a swapped pair would pass silently
     source: str = "none"  # the drafter that proposed it: "none" | "lookup" | "model"
     k: int = 0  # the draft length chosen this round (fewer tokens when a match, p-min or the text ran out)
     predicted: float | None = None  # expected tokens this round emits, by the cost model (auto only)
@@ -24,62 +25,58 @@ class Draft:
     entropy: float | None = None  # model: mean entropy (nats) of its distributions over the drafted tokens
     match: int | None = None  # lookup: the copied stretch it continues (suffix match, or a copy followed through edits)
     notice: str | None = None  # the drafter stopped drafting for good this round, and why (said to the user once)
-    # Trees (engine/tree.py): the parent of each token (-1: the last committed token) and, per token,
-    # the branches whose path runs through it. None: a chain, the usual case.
-    parents: tuple[int, ...] | None = None
-    branches: tuple[tuple[int, ...], ...] | None = None
-
-    @property
-    def n_branches(self) -> int:
-        return 1 if self.branches is None else 1 + max((max(bs) for bs in self.branches if bs), default=0)
+    shape: Chain | Tree = CHAIN  # how the tokens hang together: a chain, or a tree (engine/tree.py)
 
 
 EMPTY = Draft([], None)
 
 
-class Drafter(Protocol):
-    name: str
+@dataclass(slots=True, kw_only=True)  # not frozen: one is built every round, and frozen ones build slower
+class Outcome:
+    """What the target made of a draft: it accepted the draft tokens at `path` (0..m-1 for a chain, the
+    nodes from the root down for a tree), then gave its own `token`."""
 
-    def prefill(self, tokens: list[int]) -> None: ...
+    path: list[int]
+    token: int
+    draft_seconds: float
+    verify_seconds: float
 
-    def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft: ...
-
-    def observe(
-        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
-    ) -> None:
-        """The round's outcome: `accepted` draft tokens kept (at positions `path` of the draft: 0..accepted-1
-        for a chain, a root-to-node path for a tree), then the target's `token`. Learners learn here."""
-
-    def rollback(self, n: int, winner: int = 0) -> None:
-        """Back to the committed text's first n tokens; after a tree round, by way of branch `winner`."""
-
-    def check(self, committed: list[int]) -> None: ...
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
 
 
-class NoDrafter:
-    """Plain target-only decoding, through the same engine, so statistics compare like for like."""
+class Drafter:
+    """What the engine asks of a drafter. Only `propose` has no default: a drafter without a cache or a
+    learner has nothing to prefill, observe, roll back or check (HF's CandidateGenerator)."""
 
     name = "none"
 
     def prefill(self, tokens: list[int]) -> None:
-        pass
+        """The prompt but its last token, once, before the first round."""
+
+    def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
+        """Up to k tokens to follow `committed`."""
+        raise NotImplementedError
+
+    def observe(self, draft: Draft, outcome: Outcome) -> None:
+        """The round's outcome. Learners learn here."""
+
+    def rollback(self, n: int, winner: int = 0) -> None:
+        """Back to the committed text's first n tokens; after a tree round, by way of branch `winner`."""
+
+    def check(self, committed: list[int]) -> None:
+        """Debug: raise unless every cache holds a prefix of `committed`."""
+
+
+class NoDrafter(Drafter):
+    """Plain target-only decoding, through the same engine, so statistics compare like for like."""
 
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
         return EMPTY
 
-    def observe(
-        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
-    ) -> None:
-        pass
 
-    def rollback(self, n: int, winner: int = 0) -> None:
-        pass
-
-    def check(self, committed: list[int]) -> None:
-        pass
-
-
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A small GGUF model in its own context, one decode per drafted token.
 
     p_min (llama.cpp's semantics): stop drafting when the draft's probability for its own next token
@@ -123,7 +120,7 @@ class ModelDrafter:
         """Draft up to k tokens; `keep_going(confidences)` may end the draft early (auto's stopping rule),
         `fork_pays` may veto a fork (auto's cost model)."""
         if self.failed:
-            return Draft([], None, self.name, k)
+            return Draft([], None, source=self.name, k=k)
         try:
             if self.branches > 1:
                 return self._propose_tree(committed, k, sampler, rng, keep_going, fork_pays)
@@ -132,9 +129,10 @@ class ModelDrafter:
             # Nothing drafted from these logits can be trusted; the round goes on as plain decoding.
             self.failed = True
             why = f"draft {self.seq.ctx.model.name} produced non-finite logits ({e}): it no longer drafts; the output is unaffected"
-            return Draft([], None, self.name, k, notice=why)
+            return Draft([], None, source=self.name, k=k, notice=why)
 
-    def _propose_chain(self, committed, k, sampler, rng, keep_going) -> Draft:        # The cache may lag the committed text (after a fully accepted round the draft never saw its own
+    def _propose_chain(self, committed, k, sampler, rng, keep_going) -> Draft:
+        # The cache may lag the committed text (after a fully accepted round the draft never saw its own
         # last token; auto may not have drafted for a while): the first decode feeds the whole gap.
         feed = committed[len(self.seq) :]
         tokens: list[int] = []
@@ -157,7 +155,7 @@ class ModelDrafter:
                 break
             feed = [d]
         return Draft(
-            tokens, np.stack(qs) if qs else None, self.name, k, confidence=tuple(confidence),
+            tokens, np.stack(qs) if qs else None, source=self.name, k=k, confidence=tuple(confidence),
             entropy=h / len(tokens) if tokens else None,
         )  # fmt: skip
 
@@ -172,15 +170,9 @@ class ModelDrafter:
         )  # fmt: skip
         forked = len(t.tips) > 1  # without a fork it is a chain, verified the usual way
         return Draft(
-            t.tokens, np.stack(t.q) if t.q else None, self.name, k, confidence=tuple(t.confidence),
-            entropy=float(np.mean(t.entropy)) if t.tokens else None,
-            parents=tuple(t.parents) if forked else None, branches=t.branches() if forked else None,
+            t.tokens, np.stack(t.q) if t.q else None, source=self.name, k=k, confidence=tuple(t.confidence),
+            entropy=float(np.mean(t.entropy)) if t.tokens else None, shape=t.shape() if forked else CHAIN,
         )  # fmt: skip
-
-    def observe(
-        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
-    ) -> None:
-        pass
 
     def rollback(self, n: int, winner: int = 0) -> None:
         self.tree.settle(winner, n)

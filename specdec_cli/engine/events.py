@@ -26,8 +26,11 @@ class Token:
     text: str  # "" while a multi-byte character is still incomplete
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Round:
+    """One round in numbers. Keyword-only: of thirteen fields several are floats side by side, and a
+    swapped pair would pass silently."""
+
     drafted: int  # draft tokens the target verified
     accepted: int  # of those, how many became output
     emitted: int  # tokens this round produced, the target's correction/bonus included

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .drafters import Draft
+from .drafters import Draft, Drafter
 from .sampling import Sampler
 
 MAX_MATCH = 64  # longer matches predict no better, and cost more to confirm
@@ -202,9 +202,10 @@ class Copy:
         return tokens[:k]
 
 
-class LookupDrafter:
+class LookupDrafter(Drafter):
     """Fixed draft length: whenever at least MIN_MATCH tokens match, propose up to k continuation tokens.
-    Lossless like every drafter: the draft is a point mass (q = None) for the acceptance rule."""
+    Lossless like every drafter: the draft is a point mass (q = None) for the acceptance rule. No cache:
+    the history is the committed text itself, so nothing to prefill, roll back or check."""
 
     name = "lookup"
 
@@ -222,22 +223,8 @@ class LookupDrafter:
             return 0, []
         return length, self.copy.propose(h, start, k)
 
-    def prefill(self, tokens: list[int]) -> None:
-        pass
-
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
         length, tokens = self.continuation(committed, k)
         if length < self.min_match:
-            return Draft([], None, self.name, k)
-        return Draft(tokens, None, self.name, k, match=length)
-
-    def observe(
-        self, draft: Draft, accepted: int, token: int, verify_seconds: float, draft_seconds: float, path: list[int]
-    ) -> None:
-        pass
-
-    def rollback(self, n: int, winner: int = 0) -> None:
-        pass  # no cache: the history is the committed text itself
-
-    def check(self, committed: list[int]) -> None:
-        pass
+            return Draft([], None, source=self.name, k=k)
+        return Draft(tokens, None, source=self.name, k=k, match=length)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Callable, Iterable, NamedTuple
 
 from .events import Event, Prefilled, Round, Stopped, Token
 
@@ -179,6 +180,44 @@ class Stats:
             return None
         predicted = sum(d.predicted for d in self.by_drafter.values())
         return predicted / n, sum(d.emitted_predicted for d in self.by_drafter.values()) / n
+
+
+class Result(NamedTuple):
+    """One generation folded from its events; unpacks as (stats, tokens, text, interrupted)."""
+
+    stats: Stats
+    tokens: list[int]
+    text: str
+    interrupted: bool = False
+
+
+def collect(
+    events: Iterable[Event],
+    on_event: Callable[[Event], None] | None = None,
+    interrupts: tuple[type[BaseException], ...] = (),
+) -> Result:
+    """Fold events into statistics, token ids and text: the one fold that the CLI, the bench and the tests
+    share. `on_event` sees each event once it is counted (a live view); one of `interrupts` ends the fold
+    early, the statistics so far standing, with stop reason "interrupted"."""
+    stats, ids, pieces = Stats(), [], []
+    try:
+        for event in events:
+            stats.add(event)
+            if isinstance(event, Token):
+                ids.append(event.id)
+                pieces.append(event.text)
+            elif isinstance(event, Stopped):
+                pieces.append(event.tail)
+            if on_event is not None:
+                on_event(event)
+    except interrupts:
+        stats.stop_reason = "interrupted"
+        return Result(stats, ids, "".join(pieces), True)
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()  # a generator walked away from runs its `finally` now: the engine's rollback
+    return Result(stats, ids, "".join(pieces))
 
 
 def _grow(counts: list[int], n: int) -> None:

@@ -6,6 +6,9 @@ copied) and the fork continues from the runner-up. All branches advance together
 per depth carries each branch's newest token in its own sequence. The target then decodes the whole
 tree in ONE batch, a token shared by several branches once with all their sequence ids
 (`Branches.decode`), and the acceptance rules in acceptance.py walk it.
+
+A draft's shape, `Chain` (the usual case) or `Tree`, says how the engine verifies and accepts it, so
+the round loop is the same for both.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from .acceptance import greedy_accept, greedy_tree_accept, multi_draft_accept, speculative_accept
 from .kv import Branches
 from .sampling import Sampler, draw, entropy
 
@@ -22,9 +26,80 @@ from .sampling import Sampler, draw, entropy
 ForkRule = Callable[[list[float], float, int, int], bool]
 
 
-@dataclass
+class Chain:
+    """d1..dk, each after the one before: verified in the main sequence, accepted as a prefix."""
+
+    branches = 1
+
+    def __repr__(self) -> str:
+        return "CHAIN"
+
+    def verify(self, target: Branches, last: int, tokens: list[int]) -> np.ndarray:
+        """ONE target decode; row 0 follows the last committed token, row i+1 follows draft token i."""
+        return target.main.append([last, *tokens], outputs="all")
+
+    def greedy_accept(self, argmax: list[int], tokens: list[int]) -> tuple[list[int], int]:
+        m, token = greedy_accept(argmax, tokens)
+        return list(range(m)), token
+
+    def accept(self, p: np.ndarray, q: np.ndarray | None, tokens: list[int], rng) -> tuple[list[int], int]:
+        m, token = speculative_accept(p, q, tokens, rng)
+        return list(range(m)), token
+
+    def winner(self, path: list[int]) -> int:
+        return 0
+
+    def whole(self, path: list[int], n: int) -> bool:
+        """Was a whole branch accepted (then the target's token is a bonus, else a correction)?"""
+        return len(path) == n
+
+    def children(self, node: int, n: int) -> list[int]:
+        """The nodes that follow `node` (-1: the last committed token) in a draft of n tokens."""
+        return [node + 1] if node + 1 < n else []
+
+
+CHAIN = Chain()
+
+
+@dataclass(frozen=True, slots=True)
 class Tree:
-    """Draft nodes in creation order (a parent always before its children)."""
+    """Node i follows parents[i] (-1: the last committed token); through[i] are the branches whose path
+    runs through node i: the target decodes it once, in each of their sequences."""
+
+    parents: tuple[int, ...]
+    through: tuple[tuple[int, ...], ...]
+
+    @property
+    def branches(self) -> int:
+        return 1 + max((max(bs) for bs in self.through if bs), default=0)
+
+    def verify(self, target: Branches, last: int, tokens: list[int]) -> np.ndarray:
+        """ONE target decode over every branch, each in its own forked sequence."""
+        n = self.branches
+        for _ in range(n - 1):
+            target.fork(0)  # every branch starts from the committed text
+        return target.decode([last, *tokens], [tuple(range(n)), *self.through])
+
+    def greedy_accept(self, argmax: list[int], tokens: list[int]) -> tuple[list[int], int]:
+        return greedy_tree_accept(argmax, tokens, list(self.parents))
+
+    def accept(self, p: np.ndarray, q: np.ndarray | None, tokens: list[int], rng) -> tuple[list[int], int]:
+        return multi_draft_accept(p, q, tokens, list(self.parents), rng)
+
+    def winner(self, path: list[int]) -> int:
+        """The branch whose accepted prefix is kept: every branch through the last accepted node has it."""
+        return min(self.through[path[-1]]) if path else 0
+
+    def whole(self, path: list[int], n: int) -> bool:
+        return (path[-1] if path else -1) not in self.parents  # it ends at a leaf
+
+    def children(self, node: int, n: int) -> list[int]:
+        return [c for c, p in enumerate(self.parents) if p == node]
+
+
+@dataclass
+class Nodes:
+    """A tree while it is drafted: nodes in creation order (a parent always before its children)."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)  # -1: the last committed token
@@ -50,13 +125,13 @@ class Tree:
             node = self.parents[node]
         return out[::-1]
 
-    def branches(self) -> tuple[tuple[int, ...], ...]:
-        """For every node, the branches whose path runs through it (the sequence ids it will carry)."""
+    def shape(self) -> Tree:
+        """The finished tree: for every node its parent and the branches whose path runs through it."""
         through: list[list[int]] = [[] for _ in self.tokens]
         for b, tip in enumerate(self.tips):
             for node in self.path(tip):
                 through[node].append(b)
-        return tuple(tuple(bs) for bs in through)
+        return Tree(tuple(self.parents), tuple(tuple(bs) for bs in through))
 
 
 def draft_tree(
@@ -64,15 +139,15 @@ def draft_tree(
     n_max: int, p_split: float, p_min: float = 0.0,
     fork_pays: ForkRule | None = None, keep_going: Callable[[list[float]], bool] | None = None,
     max_nodes: int = 63, vocab: int | None = None,
-) -> Tree:  # fmt: skip
+) -> Nodes:  # fmt: skip
     """Draft a tree at most k deep, with at most n_max branches and max_nodes nodes, of ids below `vocab`;
     `branches` holds the forks afterwards."""
     if k <= 0:
-        return Tree(tips=[-1])
+        return Nodes(tips=[-1])
     model = branches.main.ctx.model
     feed = committed[len(branches.main) :]  # the gap the cache lags behind (at least the last token)
     rows = [branches.main.append(feed)[0][:vocab].copy()]  # rows[i]: logits after active branch i's newest token
-    tree = Tree(tips=[-1])
+    tree = Nodes(tips=[-1])
     active = [0]
     for depth in range(k):
         spare = max_nodes - len(tree.tokens) - len(active)  # nodes left for forks at this depth
