@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import io
 import os
 import sys
 import traceback
@@ -31,7 +30,6 @@ app = typer.Typer(
 
 app.add_typer(models_app, name="models")
 app.command()(bench)
-
 
 
 def _version(value: bool) -> None:
@@ -118,7 +116,9 @@ def _read_prompt(prompt: str | None) -> str:
     if prompt is not None and prompt != "-":
         return _text(prompt, "the PROMPT argument")
     if sys.stdin is None or sys.stdin.isatty():
-        raise UsageError("no prompt given", hint="pass PROMPT as an argument, or pipe it: echo 'hi' | specdec generate -")
+        raise UsageError(
+            "no prompt given", hint="pass PROMPT as an argument, or pipe it: echo 'hi' | specdec generate -"
+        )
     text = inputs.read_text(sys.stdin.buffer, "standard input")
     if not text.strip():
         raise UsageError("the prompt read from standard input is empty")
@@ -130,7 +130,9 @@ def _text(value: str, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise UsageError(f"{what} is not valid UTF-8", hint="pass UTF-8 text, or pipe a file: specdec generate - < FILE") from None
+        raise UsageError(
+            f"{what} is not valid UTF-8", hint="pass UTF-8 text, or pipe a file: specdec generate - < FILE"
+        ) from None
     return value
 
 

@@ -49,14 +49,22 @@ def bench(
         None, "--drafters", help="Comma list of none,model,lookup,auto (all of them; model only with a draft)."
     ),
     draft_tokens: str = typer.Option(
-        BENCH_DRAFT_TOKENS, "--draft-tokens", help="Comma list of draft lengths k for model and lookup ('auto' too); auto chooses its own."
+        BENCH_DRAFT_TOKENS,
+        "--draft-tokens",
+        help="Comma list of draft lengths k for model and lookup ('auto' too); auto chooses its own.",
     ),
     branches: str = typer.Option(
-        BENCH_BRANCHES, "--branches", help="Comma list of branch counts for the draft model and auto rows (tree drafting, e.g. 1,2,3)."
+        BENCH_BRANCHES,
+        "--branches",
+        help="Comma list of branch counts for the draft model and auto rows (tree drafting, e.g. 1,2,3).",
     ),
     temps: str = typer.Option(BENCH_TEMPS, "--temps", help="Comma list of temperatures (0 = greedy)."),
-    prompts: str = typer.Option(suite.SUITE_NAME, "--prompts", help="The built-in suite, or a JSONL / plain-text file."),
-    categories: Optional[str] = typer.Option(None, "--categories", help=f"Comma list of categories ({','.join(suite.CATEGORIES)})."),
+    prompts: str = typer.Option(
+        suite.SUITE_NAME, "--prompts", help="The built-in suite, or a JSONL / plain-text file."
+    ),
+    categories: Optional[str] = typer.Option(
+        None, "--categories", help=f"Comma list of categories ({','.join(suite.CATEGORIES)})."
+    ),
     max_tokens: int = typer.Option(BENCH_MAX_TOKENS, "-n", "--max-tokens", help="Tokens generated per prompt."),
     runs: int = typer.Option(RUNS, "--runs", help="Runs per prompt and configuration (median), after one warm-up."),
     seed: int = typer.Option(BENCH_SEED, "--seed", help="Base seed for sampled rows (prompt i uses seed + i)."),
@@ -77,7 +85,9 @@ def bench(
         options.list_problem("branches", branch_list, "--branches"),
         None if runs >= 1 else f"--runs must be at least 1 (got {runs})",
         *(options.flag_problem(key, value) for key, value in (("max_tokens", max_tokens), ("seed", seed))),
-        None if plot_file is None or plot_file.suffix.lower() == ".svg" else "--plot writes SVG: give a file ending in .svg",
+        None
+        if plot_file is None or plot_file.suffix.lower() == ".svg"
+        else "--plot writes SVG: give a file ending in .svg",
     ]
     for message in problems:
         if message:
@@ -87,7 +97,11 @@ def bench(
     cfg_file = config.config_file(config_path)
     settings = config.resolve(options.given(settings_given), pair, cfg_file)
     has_draft = bool(settings.get("draft"))
-    names = _parse_list(drafters, str, "--drafters") if drafters else ["none"] + (["model"] if has_draft else []) + ["lookup", "auto"]
+    names = (
+        _parse_list(drafters, str, "--drafters")
+        if drafters
+        else ["none"] + (["model"] if has_draft else []) + ["lookup", "auto"]
+    )
     for name in names:
         if name not in DRAFTERS:
             raise UsageError(f"--drafters: unknown drafter {name!r}", hint=f"drafters: {', '.join(DRAFTERS)}")

@@ -74,7 +74,10 @@ def verify() -> None:
         checked += 1
         if not st.path.is_file():  # reading a FIFO would hang
             bad += 1
-            ui.error(f"{model.name}: {st.path} is not a regular file", f"remove it and run `specdec models pull {model.name}`")
+            ui.error(
+                f"{model.name}: {st.path} is not a regular file",
+                f"remove it and run `specdec models pull {model.name}`",
+            )
             continue
         with ui.byte_progress(f"verifying {model.name}", st.path.stat().st_size) as advance:
             digest = store.sha256_of(st.path, advance)
@@ -82,7 +85,9 @@ def verify() -> None:
             ui.note(f"{model.name}: ok")
         else:
             bad += 1
-            ui.error(f"{model.name}: sha256 mismatch ({st.path})", f"delete it and run `specdec models pull {model.name}`")
+            ui.error(
+                f"{model.name}: sha256 mismatch ({st.path})", f"delete it and run `specdec models pull {model.name}`"
+            )
     if not checked:
         ui.note("no assembled models to verify")
     if bad:

@@ -22,6 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
+
 class ConfigError(SpecdecError):
     def __init__(self, file: Path | str, key: str, problem: str):
         super().__init__(f"config {file}: {key}: {problem}", hint="see models.example.toml for the format")
@@ -80,7 +81,7 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
                 names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
                 raise ConfigError(path, where, f"must be {names}, not {type(value).__name__} {value!r}")
             if key == "draft_tokens" and isinstance(value, str) and value != "auto":
-                raise ConfigError(path, where, f"must be a number or \"auto\", not {value!r}")
+                raise ConfigError(path, where, f'must be a number or "auto", not {value!r}')
             if key in ("target", "draft") and not value.strip():
                 raise ConfigError(path, where, "must be a model name or a path, not empty")
             if key in ("target", "draft") and not _is_model_name(value):

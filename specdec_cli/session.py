@@ -107,7 +107,9 @@ class Session:
             tokens = self.target.chat_tokens(messages)
         elif self.cfg.system:
             why = "--no-chat turns it off" if self.cfg.chat is False else f"{self.target.name} has none"
-            raise UsageError(f"--system needs the chat template, and {why}", hint="put the instructions into the prompt itself")
+            raise UsageError(
+                f"--system needs the chat template, and {why}", hint="put the instructions into the prompt itself"
+            )
         else:
             tokens = self.target.tokenize(prompt, special=True)
         if not tokens:

@@ -99,16 +99,23 @@ class TokenStream:
 def stat_rows(stats: Stats) -> list[tuple[str, str]]:
     pos = " ".join(f"{x:.0%}" for x in stats.per_position_accept) or "-"
     other = stats.generation_seconds - stats.draft_seconds - stats.verify_seconds
-    return [
-        ("generated", f"{stats.generated_tokens} tokens (stop: {stats.stop_reason or 'interrupted'})"),
-        ("speed", f"{stats.tokens_per_second:.2f} tokens/s over {stats.generation_seconds:.2f} s of generation"),
-        ("prefill", f"{stats.prompt_tokens} prompt tokens in {stats.prefill_seconds:.2f} s"),
-        ("rounds", f"{stats.rounds} target verifications"),
-        ("drafted / accepted", f"{stats.drafted} / {stats.accepted}  (accept rate {stats.accept_rate:.1%})"),
-        ("mean accepted", f"{stats.mean_accepted:.2f} tokens per verification (plain decoding: 1.00)"),
-        ("per position", pos),
-        ("time split", f"draft {stats.draft_seconds:.2f} s, verify {stats.verify_seconds:.2f} s, other {other:.2f} s"),
-    ] + _tree_rows(stats) + _drafter_rows(stats)
+    return (
+        [
+            ("generated", f"{stats.generated_tokens} tokens (stop: {stats.stop_reason or 'interrupted'})"),
+            ("speed", f"{stats.tokens_per_second:.2f} tokens/s over {stats.generation_seconds:.2f} s of generation"),
+            ("prefill", f"{stats.prompt_tokens} prompt tokens in {stats.prefill_seconds:.2f} s"),
+            ("rounds", f"{stats.rounds} target verifications"),
+            ("drafted / accepted", f"{stats.drafted} / {stats.accepted}  (accept rate {stats.accept_rate:.1%})"),
+            ("mean accepted", f"{stats.mean_accepted:.2f} tokens per verification (plain decoding: 1.00)"),
+            ("per position", pos),
+            (
+                "time split",
+                f"draft {stats.draft_seconds:.2f} s, verify {stats.verify_seconds:.2f} s, other {other:.2f} s",
+            ),
+        ]
+        + _tree_rows(stats)
+        + _drafter_rows(stats)
+    )
 
 
 def _tree_rows(stats: Stats) -> list[tuple[str, str]]:
@@ -191,7 +198,13 @@ def models_table(rows: list[dict]) -> None:
         table.add_column(col, overflow="fold")
     colours = {"assembled": "green", "installed": "yellow", "not installed": "dim", "corrupt": "bold red"}
     for r in rows:
-        table.add_row(r["name"], r["role"], f"{r['size'] / 1e6:,.0f} MB", Text(r["status"], colours[r["status"]]), r["path"].rsplit("/", 1)[-1])
+        table.add_row(
+            r["name"],
+            r["role"],
+            f"{r['size'] / 1e6:,.0f} MB",
+            Text(r["status"], colours[r["status"]]),
+            r["path"].rsplit("/", 1)[-1],
+        )
     Console(highlight=False).print(table)
 
 
@@ -219,8 +232,15 @@ def _bench_table(rows: list[dict], title: str | None = None) -> Table:
     for r in rows:
         if r["category"] != "all":
             continue
-        speed = Text(f"{r['speedup']:.2f}x", style="bold green" if r["speedup"] >= 1.03 else ("" if r["drafter"] == "none" else "red"))
-        pred = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x" + (" !" if r["model_gap"] else "")
+        speed = Text(
+            f"{r['speedup']:.2f}x",
+            style="bold green" if r["speedup"] >= 1.03 else ("" if r["drafter"] == "none" else "red"),
+        )
+        pred = (
+            "-"
+            if r["predicted_speedup"] is None
+            else f"{r['predicted_speedup']:.2f}x" + (" !" if r["model_gap"] else "")
+        )
         ident = "-" if r["identical_to_baseline"] is None else f"{r['identical_to_baseline']:.0%}"
         table.add_row(
             r["drafter"], str(r["draft_tokens"] or "-"), str(r.get("branches", 1)), f"{r['temp']:g}", f"{r['tokens_per_second']:.1f}", speed, pred,
@@ -285,7 +305,9 @@ def show_bench(rows: list[dict], curve_dict: dict, recommendation: str, header: 
     )
     out.print("  " + "  ".join(f"{n}:{v:.2f}" for n, v in rel.items()))
     if c is not None:
-        out.print(f"  draft: {curve_dict['draft_seconds_per_token'] * 1000:.1f} ms per token, c = t_draft / t_target(1) = {c:.2f}")
+        out.print(
+            f"  draft: {curve_dict['draft_seconds_per_token'] * 1000:.1f} ms per token, c = t_draft / t_target(1) = {c:.2f}"
+        )
     out.print(_bench_table(rows))
     categories = sorted({r["category"] for r in rows} - {"all"})
     if len(categories) > 1:

@@ -109,7 +109,11 @@ def test_chat_template_is_applied_by_default_when_present(capsys, models):
         (["--target", "{target}", "--draft", "{draft}", "--p-min", "1.5"], 2, "--p-min must be in [0, 1]"),
         (["--target", "{target}", "--draft", "{draft}", "--p-min", "-0.1"], 2, "--p-min must be in [0, 1]"),
         (["--target", "{target}", "--branches", "2"], 2, "--branches 2 needs a draft model"),
-        (["--target", "{target}", "--draft", "{draft}", "--drafter", "lookup", "--branches", "2"], 2, "needs a draft model"),
+        (
+            ["--target", "{target}", "--draft", "{draft}", "--drafter", "lookup", "--branches", "2"],
+            2,
+            "needs a draft model",
+        ),
         (["--target", "{target}", "--draft", "{draft}", "--branches", "0"], 2, "--branches must be in 1..8"),
         (["--target", "{target}", "--draft", "{draft}", "--p-split", "0"], 2, "--p-split must be in (0, 1]"),
         (["--target", "{target}", "--draft", "{draft}", "-k", "many"], 2, "must be a whole number or 'auto'"),
@@ -141,12 +145,16 @@ def test_bad_input_is_one_clean_line(capsys, models, tmp_path, args, code, messa
 
 
 def test_vocab_mismatch_says_what_differs(capsys, models):
-    _, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "--draft", str(models["other_vocab"]))
+    _, _, err = specdec(
+        capsys, "generate", "hi", "--target", str(models["target"]), "--draft", str(models["other_vocab"])
+    )
     assert "token " in one_line_error(err) and "differs" in err
 
 
 def test_recurrent_model_is_refused_for_speculation_but_decodes_plainly(capsys, models):
-    code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["recurrent"]), "--draft", str(models["recurrent"]))
+    code, _, err = specdec(
+        capsys, "generate", "hi", "--target", str(models["recurrent"]), "--draft", str(models["recurrent"])
+    )
     assert code == 1 and "it is a recurrent model, whose state cannot be rolled back" in one_line_error(err)
     code, out, _ = specdec(capsys, "generate", "hi", "--target", str(models["recurrent"]), "-n", "5", "--json")
     assert code == 0 and json.loads(out)["stats"]["generated_tokens"] == 5
@@ -185,7 +193,9 @@ def test_prompt_from_stdin(models):
 
 def test_empty_stdin_is_a_usage_error(models):
     r = cli("generate", "--target", str(models["target"]), input="  \n")
-    assert r.returncode == 2 and one_line_error(r.stderr).startswith("error: the prompt read from standard input is empty")
+    assert r.returncode == 2 and one_line_error(r.stderr).startswith(
+        "error: the prompt read from standard input is empty"
+    )
 
 
 def test_ctrl_c_stops_cleanly_and_prints_statistics(models):

@@ -39,7 +39,7 @@ def test_example_file_is_valid_and_matches_the_builtins():
 
 
 def test_command_line_beats_file_beats_builtin(tmp_path):
-    f = write(tmp_path, '[pairs.default]\ndraft_tokens = 6\ntemp = 0.5\n')
+    f = write(tmp_path, "[pairs.default]\ndraft_tokens = 6\ntemp = 0.5\n")
     s = config.resolve({"draft_tokens": None, "temp": 0.9}, None, f)
     assert s["draft_tokens"] == 6  # file over built-in 3
     assert s["temp"] == 0.9  # command line over file
@@ -60,7 +60,11 @@ def test_explicit_target_uses_no_pair_unless_named(tmp_path):
         ("default_pair = \n", "syntax", "Invalid"),
         ("colour = 1\n", "colour", "unknown top-level key"),
         ("[pairs.a]\ntarget = 't'\nk = 3\n", "pairs.a.k", "unknown key"),
-        ("[pairs.a]\ntarget = 't'\ndraft_tokens = 'four'\n", "pairs.a.draft_tokens", "must be a number or \"auto\", not 'four'"),
+        (
+            "[pairs.a]\ntarget = 't'\ndraft_tokens = 'four'\n",
+            "pairs.a.draft_tokens",
+            "must be a number or \"auto\", not 'four'",
+        ),
         ("[pairs.a]\ntarget = 't'\nchat = 1\n", "pairs.a.chat", "must be bool"),
         ("[pairs.a]\ntarget = 't'\ndraft_tokens = true\n", "pairs.a.draft_tokens", "must be int or str, not bool"),
         ("[pairs.a]\ndraft = 'd'\n", "pairs.a", "a new pair needs a target"),
@@ -94,7 +98,7 @@ def test_pairs_drive_generate(tmp_path, models, capsys):
     f = write(
         tmp_path,
         f'default_pair = "tiny"\n[pairs.tiny]\ntarget = "{models["target"]}"\ndraft = "{models["draft"]}"\n'
-        f"draft_tokens = 5\nmax_tokens = 7\n[pairs.plain]\ntarget = \"{models['target']}\"\n",
+        f'draft_tokens = 5\nmax_tokens = 7\n[pairs.plain]\ntarget = "{models["target"]}"\n',
     )
     assert main(["generate", "hi", "--config", str(f), "--json"]) == 0
     cfg = json.loads(capsys.readouterr().out)["config"]

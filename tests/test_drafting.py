@@ -197,7 +197,7 @@ def test_auto_decodes_plainly_without_a_match_and_drafts_a_long_reliable_match()
     assert auto.propose([1, 2, 3, 4, 5], 31, GREEDY, RNG).tokens == []  # nothing to copy
     text = list(range(100, 140))
     draft = auto.propose(text + text[:20], 31, GREEDY, RNG)  # 20 tokens already match the earlier text
-    assert draft.source == "lookup" and draft.tokens == text[20:20 + len(draft.tokens)] and len(draft.tokens) >= 8
+    assert draft.source == "lookup" and draft.tokens == text[20 : 20 + len(draft.tokens)] and len(draft.tokens) >= 8
     assert draft.predicted > 1.0
 
 

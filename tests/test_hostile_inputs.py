@@ -22,7 +22,9 @@ from specdec_cli.session import RunConfig, open_session
 
 
 def greedy_ids(capsys, models, *args: str) -> tuple[list[int], str]:
-    code, out, err = specdec(capsys, "generate", "hello", "--target", str(models["target"]), "-n", "40", "--json", *args)
+    code, out, err = specdec(
+        capsys, "generate", "hello", "--target", str(models["target"]), "-n", "40", "--json", *args
+    )
     assert code == 0, err
     return json.loads(out)["tokens"], err
 
@@ -67,7 +69,9 @@ def test_a_tree_child_with_a_broken_q_is_skipped_and_the_rest_stays_exact():
 def test_a_nan_draft_stops_drafting_with_one_warning_and_the_output_is_target_only(capsys, models, temp):
     for seed in ("0", "1", "2"):
         base, _ = greedy_ids(capsys, models, "--temp", temp, "--seed", seed)
-        ids, err = greedy_ids(capsys, models, "--draft", str(models["nan_draft"]), "--drafter", "model", "--temp", temp, "--seed", seed)
+        ids, err = greedy_ids(
+            capsys, models, "--draft", str(models["nan_draft"]), "--drafter", "model", "--temp", temp, "--seed", seed
+        )
         assert ids == base, seed
         assert err.count("warning: draft nan_draft.gguf produced non-finite logits") == 1, err
 
@@ -81,7 +85,9 @@ def test_auto_stops_using_a_nan_draft_model(capsys, models):
 
 @pytest.mark.parametrize("temp", ["0", "0.8"])
 def test_a_target_with_non_finite_logits_is_an_error_naming_it(capsys, models, temp):
-    code, out, err = specdec(capsys, "generate", "hello", "--target", str(models["nan_draft"]), "--temp", temp, "-n", "5")
+    code, out, err = specdec(
+        capsys, "generate", "hello", "--target", str(models["nan_draft"]), "--temp", temp, "-n", "5"
+    )
     assert code == 1 and "target nan_draft.gguf produced non-finite logits" in one_line_error(err)
 
 
@@ -104,7 +110,9 @@ def test_sampling_with_a_draft_that_has_extra_ids_is_exact(open_pair):
 
 
 def test_models_info_counts_the_draft_ids_the_target_lacks(capsys, models):
-    code, out, _ = specdec(capsys, "models", "info", str(models["target"]), "--draft", str(models["extra_vocab"]), "--json")
+    code, out, _ = specdec(
+        capsys, "models", "info", str(models["target"]), "--draft", str(models["extra_vocab"]), "--json"
+    )
     facts = json.loads(out)
     assert code == 0 and facts["can_pair"] and facts["draft_ids_missing_in_target"] == 40
     code, out, _ = specdec(capsys, "models", "info", str(models["target"]), "--draft", str(models["extra_vocab"]))
@@ -115,7 +123,10 @@ def test_models_info_counts_the_draft_ids_the_target_lacks(capsys, models):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["-c", "99999999999"], "a context of 99,999,999,999 tokens is more than target target.gguf was trained for (32,768)"),
+        (
+            ["-c", "99999999999"],
+            "a context of 99,999,999,999 tokens is more than target target.gguf was trained for (32,768)",
+        ),
         (["-c", "40000"], "was trained for (32,768)"),
         (["-t", "100000"], "-t/--threads must be at most 512"),
         (["--seed", "-1"], "--seed must be >= 0 (got -1)"),
@@ -178,14 +189,24 @@ def test_a_deeply_nested_config_is_a_config_error(capsys, models, tmp_path):
 )  # fmt: skip
 def test_stdin_that_is_not_utf8_text_is_a_usage_error(models, data, message):
     r = subprocess.run(
-        [sys.executable, "-m", "specdec_cli", "generate", "--target", str(models["target"])], input=data, capture_output=True
+        [sys.executable, "-m", "specdec_cli", "generate", "--target", str(models["target"])],
+        input=data,
+        capture_output=True,
     )
     assert r.returncode == 2 and message in one_line_error(r.stderr.decode()), r.stderr
 
 
 def test_an_argument_that_is_not_utf8_is_a_usage_error(models):
     r = subprocess.run(
-        [sys.executable.encode(), b"-m", b"specdec_cli", b"generate", b"caf\xe9", b"--target", os.fsencode(models["target"])],
+        [
+            sys.executable.encode(),
+            b"-m",
+            b"specdec_cli",
+            b"generate",
+            b"caf\xe9",
+            b"--target",
+            os.fsencode(models["target"]),
+        ],
         capture_output=True,
     )
     assert r.returncode == 2 and "the PROMPT argument is not valid UTF-8" in one_line_error(r.stderr.decode()), r.stderr
@@ -200,7 +221,9 @@ def sh(command: str, models) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("redirect", [">&-", "> /dev/full", "| head -c 1 > /dev/null"])
 def test_stdout_closed_or_full_is_a_quiet_exit(models, redirect):
-    r = sh(f'"$PY" -m specdec_cli generate hello --target "$T" -n 200 {redirect}; echo "rc=${{PIPESTATUS[0]}}" >&2', models)
+    r = sh(
+        f'"$PY" -m specdec_cli generate hello --target "$T" -n 200 {redirect}; echo "rc=${{PIPESTATUS[0]}}" >&2', models
+    )
     assert "rc=1" in r.stderr and "error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
@@ -226,7 +249,7 @@ def start(models, *args: str) -> subprocess.Popen:
     while time.monotonic() < deadline and not (
         b"specdec_cli" in open(f"/proc/{proc.pid}/cmdline", "rb").read()
         and str(models["draft"]) in open(f"/proc/{proc.pid}/maps").read()
-    ):  # fmt: skip
+    ):
         time.sleep(0.05)
     time.sleep(0.5)
     return proc
@@ -418,7 +441,9 @@ def test_a_config_drafter_that_does_not_exist_names_the_file_and_key(capsys, mod
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[pairs.x]\ntarget = "{models["target"]}"\ndrafter = "bogus"\n')
     code, _, err = specdec(capsys, "generate", "hi", "--config", str(cfg), "--pair", "x")
-    assert code == 1 and f"config {cfg}: pairs.x.drafter: must be one of auto, model, lookup, none" in one_line_error(err)
+    assert code == 1 and f"config {cfg}: pairs.x.drafter: must be one of auto, model, lookup, none" in one_line_error(
+        err
+    )
 
 
 @pytest.mark.parametrize("temps", ["inf", "nan", "0,inf"])

@@ -45,9 +45,10 @@ def smollm2(tmp_path_factory) -> Path:
 
 def test_smollm2_as_its_own_draft_accepts_everything_and_matches_target_only(smollm2):
     base = dict(target=smollm2, threads=2, max_tokens=48, debug=True)
-    with open_session(RunConfig(**base)) as plain, open_session(
-        RunConfig(**base, draft=smollm2, drafter="model")
-    ) as spec:
+    with (
+        open_session(RunConfig(**base)) as plain,
+        open_session(RunConfig(**base, draft=smollm2, drafter="model")) as spec,
+    ):
         for prompt in PROMPTS:
             expected, _, text = run_engine(plain, prompt)
             assert text.strip()
@@ -68,7 +69,24 @@ def test_smollm2_chat_template_is_applied(smollm2):
 
 
 def test_smollm2_through_the_cli(smollm2, capsys):
-    assert main(["generate", "Say hi.", "--target", str(smollm2), "--draft", str(smollm2), "--drafter", "model", "-n", "16", "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "Say hi.",
+                "--target",
+                str(smollm2),
+                "--draft",
+                str(smollm2),
+                "--drafter",
+                "model",
+                "-n",
+                "16",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["config"]["chat"] is True and out["stats"]["accept_rate"] == 1.0
     assert main(["models", "info", str(smollm2), "--json"]) == 0
@@ -87,7 +105,10 @@ def test_default_pair_greedy_matches_target_only_up_to_near_ties(default_pair):
     near-tie the two may pick different tokens. Where they differ, it must be such a tie."""
     target, draft = default_pair
     base = dict(target=target, threads=2, max_tokens=48)
-    with open_session(RunConfig(**base)) as plain, open_session(RunConfig(**base, draft=draft, drafter="model")) as spec:
+    with (
+        open_session(RunConfig(**base)) as plain,
+        open_session(RunConfig(**base, draft=draft, drafter="model")) as spec,
+    ):
         for prompt in ["Write a Python function that checks whether a number is prime.", "What is a hash table?"]:
             expected, _, _ = run_engine(plain, prompt)
             ids, stats, _ = run_engine(spec, prompt, draft_tokens=3)

@@ -67,7 +67,9 @@ def test_hash_mismatch_leaves_nothing(fake_model):
 
 
 def test_interrupted_assembly_leaves_nothing_that_looks_valid(fake_model):
-    def interrupt_halfway(n, done=[0]):
+    done = [0]
+
+    def interrupt_halfway(n):
         done[0] += n
         if done[0] > len(PAYLOAD) // 2:
             raise KeyboardInterrupt
@@ -173,8 +175,10 @@ def test_partial_of_a_live_process_is_kept(fake_model):
 
 
 def test_sigterm_during_assembly_removes_the_partial_file(fake_model):
-    # cli.main turns SIGTERM and SIGHUP into KeyboardInterrupt, as Ctrl-C is: assembly's `finally` cleans up.
-    def sigterm_halfway(n, done=[0]):
+    # cli.main turns SIGTERM and SIGHUP into an interruption, as Ctrl-C is: assembly's `finally` cleans up.
+    done = [0]
+
+    def sigterm_halfway(n):
         done[0] += n
         if done[0] > len(PAYLOAD) // 2:
             assert any(name.endswith(".partial") for name in leftovers(fake_model))
@@ -214,8 +218,12 @@ def test_pull_refuses_a_destination_that_is_not_a_regular_file(fake_model, capsy
 @pytest.mark.parametrize(
     "args",
     [
-        ["models", "list"], ["models", "list", "--json"], ["models", "pull", "fake"], ["models", "path", "fake"],
-        ["models", "verify"], ["generate", "hi", "--target", "fake", "-n", "1"],
+        ["models", "list"],
+        ["models", "list", "--json"],
+        ["models", "pull", "fake"],
+        ["models", "path", "fake"],
+        ["models", "verify"],
+        ["generate", "hi", "--target", "fake", "-n", "1"],
     ],
     ids=["list", "list-json", "pull", "path", "verify", "generate"],
 )

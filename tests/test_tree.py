@@ -171,7 +171,9 @@ def test_random_tree_rounds_keep_both_caches_consistent(open_pair):
         branches = int(rng.integers(2, 6))
         p_split = float(rng.choice([0.005, 0.02, 0.1]))
         key = (branches, p_split)
-        s = opened.get(key) or opened.setdefault(key, open_pair("draft", drafter="model", branches=branches, p_split=p_split))
+        s = opened.get(key) or opened.setdefault(
+            key, open_pair("draft", drafter="model", branches=branches, p_split=p_split)
+        )
         prompt = s.prompt_tokens("".join(chr(c) for c in rng.integers(32, 127, size=int(rng.integers(1, 20)))))
         kw = dict(
             draft_tokens=int(rng.integers(1, 10)), max_tokens=int(rng.integers(1, 50)),

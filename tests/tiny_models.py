@@ -139,7 +139,9 @@ def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str], types: list[TokenType]
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types(types or [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * (len(tokens) - 3))
+    w.add_token_types(
+        types or [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * (len(tokens) - 3)
+    )
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

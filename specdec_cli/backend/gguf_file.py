@@ -53,6 +53,7 @@ GGML_TYPES = {
     41: (128, 18), 42: (64, 18),  # Q1_0 Q2_0
 }  # fmt: skip
 
+
 class Malformed(Exception):
     """What is wrong with a GGUF file, in words: `cannot load model PATH: <reason>`."""
 

@@ -298,7 +298,9 @@ class Context:
         n = len(tokens)
         return self.decode_tree(tokens, list(range(pos0, pos0 + n)), [(seq_id,)] * n, outputs == "all")
 
-    def decode_tree(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], all_rows: bool = True) -> np.ndarray:
+    def decode_tree(
+        self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], all_rows: bool = True
+    ) -> np.ndarray:
         """Decode tokens at their own positions, each in one or more sequences (a token shared by several
         branches of a tree is computed once). Rows as in `decode`: one per token, or the last only."""
         n = len(tokens)

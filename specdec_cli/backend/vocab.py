@@ -21,7 +21,10 @@ def incompatibility(target: Model, draft: Model) -> str | None:
     for what, get in (("add-BOS", L.llama_vocab_get_add_bos), ("add-EOS", L.llama_vocab_get_add_eos)):
         if bool(get(tv)) != bool(get(dv)):
             return f"{what} flags differ: target {bool(get(tv))}, draft {bool(get(dv))}"
-    for what, get, flag in (("BOS", L.llama_vocab_bos, L.llama_vocab_get_add_bos), ("EOS", L.llama_vocab_eos, L.llama_vocab_get_add_eos)):
+    for what, get, flag in (
+        ("BOS", L.llama_vocab_bos, L.llama_vocab_get_add_bos),
+        ("EOS", L.llama_vocab_eos, L.llama_vocab_get_add_eos),
+    ):
         if flag(tv) and get(tv) != get(dv):
             return f"{what} ids differ: target {get(tv)}, draft {get(dv)}"
     if abs(target.n_vocab - draft.n_vocab) > MAX_SIZE_DIFFERENCE:

@@ -123,7 +123,9 @@ def recommendation(rows: list[dict], costs: Costs) -> str:
     top = max(costs.measured)  # the largest batch timed
     if costs.draft is not None:
         ceiling = max(predicted_speedup(costs, 1.0, j) for j in range(1, top))
-        why = f"A draft token costs c = {costs.c:.2f} of a target token and {verify}, so even a draft accepted every time"
+        why = (
+            f"A draft token costs c = {costs.c:.2f} of a target token and {verify}, so even a draft accepted every time"
+        )
     else:  # lookup: drafting is free, only verification costs
         ceiling = max((j + 1) / costs.relative(j + 1) for j in range(1, top))
         why = f"Lookup drafts for free, but {verify}, so even a lookup right every time"
@@ -178,7 +180,9 @@ def to_svg(rows: list[dict]) -> str:
     levels: list[tuple[str, float]] = []
     for r in rows:
         if r["category"] == "all" and r["drafter"] != "none":
-            name = f"{r['drafter']}" + (f" b={r['branches']}" if r.get("branches", 1) > 1 else "") + f" temp {r['temp']:g}"
+            name = (
+                f"{r['drafter']}" + (f" b={r['branches']}" if r.get("branches", 1) > 1 else "") + f" temp {r['temp']:g}"
+            )
             if isinstance(r["draft_tokens"], int):
                 series.setdefault(name, []).append((r["draft_tokens"], r["speedup"]))
             else:
@@ -213,7 +217,9 @@ def to_svg(rows: list[dict]) -> str:
         parts.append(f'<text x="{m + 10}" y="{m + 16 * j}" fill="{colour}">{name}</text>')
     for j, (name, s) in enumerate(levels, start=len(series)):
         colour = colours[j % len(colours)]
-        parts.append(f'<line x1="{m}" y1="{y(s):.1f}" x2="{w - m}" y2="{y(s):.1f}" stroke="{colour}" stroke-dasharray="8 3"/>')
+        parts.append(
+            f'<line x1="{m}" y1="{y(s):.1f}" x2="{w - m}" y2="{y(s):.1f}" stroke="{colour}" stroke-dasharray="8 3"/>'
+        )
         parts.append(f'<text x="{m + 10}" y="{m + 16 * j}" fill="{colour}">{name} (dashed)</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

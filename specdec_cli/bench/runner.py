@@ -37,7 +37,12 @@ class RowResult:
     baseline: list[Run]  # the baseline's runs on the same prompts, interleaved with these
 
 
-def plan(drafters: list[str], draft_tokens: list[int | None], temps: list[float], branches: list[int] = [1]) -> list[Config]:
+def plan(
+    drafters: list[str],
+    draft_tokens: list[int | None],
+    temps: list[float],
+    branches: list[int] | tuple[int, ...] = (1,),
+) -> list[Config]:
     """The baseline first in each temperature, then every drafter at every draft length (None: auto);
     the auto drafter once, choosing its own lengths. The draft model and auto once per branch count."""
     configs = []

@@ -18,14 +18,14 @@ class Prompt:
     text: str
 
 
-_CODE = '''def total_price(items, tax):
+_CODE = """def total_price(items, tax):
     s = 0
     for it in items:
         s += it["price"] * it["qty"]
     return s * (1 + tax)
-'''
+"""
 
-_CODE2 = '''class Stack:
+_CODE2 = """class Stack:
     def __init__(self):
         self.data = []
 
@@ -34,9 +34,9 @@ _CODE2 = '''class Stack:
 
     def pop(self):
         return self.data.pop()
-'''
+"""
 
-_CODE3 = '''def read_config(path):
+_CODE3 = """def read_config(path):
     f = open(path)
     lines = f.readlines()
     cfg = {}
@@ -44,7 +44,7 @@ _CODE3 = '''def read_config(path):
         k, v = line.split("=")
         cfg[k.strip()] = v.strip()
     return cfg
-'''
+"""
 
 _PASSAGE1 = (
     "The Great Barrier Reef, off the coast of Queensland, Australia, is the world's largest coral reef "
@@ -73,9 +73,14 @@ SUITE: list[Prompt] = [
     Prompt("code", "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces."),
     Prompt("code", "Write a Python function that merges two sorted lists into one sorted list."),
     # code editing: the answer mostly repeats the given code
-    Prompt("code-edit", f"Rename the variable `s` to `subtotal` in the code below and return the whole code.\n\n{_CODE}"),
+    Prompt(
+        "code-edit", f"Rename the variable `s` to `subtotal` in the code below and return the whole code.\n\n{_CODE}"
+    ),
     Prompt("code-edit", f"Add type hints to every method of this class and return the whole class.\n\n{_CODE2}"),
-    Prompt("code-edit", f"Change this function to open the file with a `with` statement. Return the whole function.\n\n{_CODE3}"),
+    Prompt(
+        "code-edit",
+        f"Change this function to open the file with a `with` statement. Return the whole function.\n\n{_CODE3}",
+    ),
     # chat / QA
     Prompt("chat", "What is the difference between a process and a thread?"),
     Prompt("chat", "Give me three tips for writing readable code."),
@@ -94,7 +99,9 @@ SUITE: list[Prompt] = [
     Prompt("translate", "Translate to Spanish: The meeting was moved to Thursday because the manager is travelling."),
     # answering from a given passage (retrieval-augmented)
     Prompt("rag", f"{_PASSAGE1}\n\nUsing only the passage above: in which years did mass bleaching happen?"),
-    Prompt("rag", f"{_PASSAGE2}\n\nUsing only the passage above: where in the plant does photosynthesis mainly happen?"),
+    Prompt(
+        "rag", f"{_PASSAGE2}\n\nUsing only the passage above: where in the plant does photosynthesis mainly happen?"
+    ),
     Prompt("rag", f"{_PASSAGE3}\n\nUsing only the passage above: what did Gutenberg adapt his press from?"),
 ]
 CATEGORIES = sorted({p.category for p in SUITE})
@@ -148,10 +155,10 @@ def _from_json(line: str, where: str) -> Prompt:
     except json.JSONDecodeError:
         obj = None
     if not isinstance(obj, dict) or "prompt" not in obj:
-        raise UsageError(f"{where}: expected a JSON object with a \"prompt\" (and a \"category\")")
+        raise UsageError(f'{where}: expected a JSON object with a "prompt" (and a "category")')
     text, category = obj["prompt"], obj.get("category", "file")
     if not isinstance(text, str) or not text.strip():
-        raise UsageError(f"{where}: \"prompt\" must be a non-empty string, not {json.dumps(text)}")
+        raise UsageError(f'{where}: "prompt" must be a non-empty string, not {json.dumps(text)}')
     if not isinstance(category, str) or not category.strip():
-        raise UsageError(f"{where}: \"category\" must be a non-empty string, not {json.dumps(category)}")
+        raise UsageError(f'{where}: "category" must be a non-empty string, not {json.dumps(category)}')
     return Prompt(category, text)

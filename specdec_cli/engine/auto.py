@@ -145,7 +145,9 @@ class AutoDrafter(Drafter):
 
         tree = self.model.branches > 1
         draft = self.model.propose(committed, k, sampler, rng, keep_going, fork_pays if tree else None)
-        if isinstance(draft.shape, Tree):  # a tree is verified whole; its batched decodes say little of one token's cost
+        if isinstance(
+            draft.shape, Tree
+        ):  # a tree is verified whole; its batched decodes say little of one token's cost
             self._decodes = 0
             return replace(draft, predicted=self._tree_tokens(draft))
         accept = [self.model_accept.mean(c) for c in draft.confidence]

@@ -142,7 +142,9 @@ def predicted_speedup(costs: Costs, a: float, k: int) -> float:
     return expected_tokens_per_round(a, k) * costs.plain / (costs.draft_round(a, k) + costs.verify(k + 1))
 
 
-def measure(target: Context, draft: Context | None, tokens: list[int], n_max: int = 64, thorough: bool = False) -> Costs:
+def measure(
+    target: Context, draft: Context | None, tokens: list[int], n_max: int = 64, thorough: bool = False
+) -> Costs:
     """Time target decodes of n tokens and one-token draft decodes, after the prompt's tokens as context.
     Quick: the QUICK_SIZES up to n_max, the fastest of two passes, interpolated. Thorough: every n up to
     n_max, medians, each target decode right after a draft decode and vice versa (switching models costs

@@ -179,4 +179,3 @@ class ModelDrafter(Drafter):
 
     def check(self, committed: list[int]) -> None:
         self.tree.check(committed)
-

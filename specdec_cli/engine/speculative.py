@@ -92,10 +92,19 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         eog = end < len(new)
         emitted = end + eog  # an end-of-generation token counts, though it is not output
         yield Round(
-            drafted=len(draft.tokens), accepted=min(len(path), emitted), emitted=emitted,
-            draft_seconds=outcome.draft_seconds, verify_seconds=outcome.verify_seconds, seconds=seconds,
-            drafter=draft.source, k=draft.k, predicted=draft.predicted, entropy=draft.entropy,
-            rejected=origins[-1] == Origin.CORRECTION, branches=draft.shape.branches, winner=winner,
+            drafted=len(draft.tokens),
+            accepted=min(len(path), emitted),
+            emitted=emitted,
+            draft_seconds=outcome.draft_seconds,
+            verify_seconds=outcome.verify_seconds,
+            seconds=seconds,
+            drafter=draft.source,
+            k=draft.k,
+            predicted=draft.predicted,
+            entropy=draft.entropy,
+            rejected=origins[-1] == Origin.CORRECTION,
+            branches=draft.shape.branches,
+            winner=winner,
         )
         if eog:
             yield Stopped(reason="eos", tail=detok.flush())

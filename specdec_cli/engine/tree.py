@@ -185,7 +185,11 @@ def draft_tree(
                     active.remove(br)
                 else:
                     batch.append((br, t))
-        if keep_going is not None and 0 in active and not keep_going([tree.confidence[i] for i in tree.path(tree.tips[0])]):
+        if (
+            keep_going is not None
+            and 0 in active
+            and not keep_going([tree.confidence[i] for i in tree.path(tree.tips[0])])
+        ):
             break
         if depth == k - 1 or not batch:
             break
@@ -193,4 +197,3 @@ def draft_tree(
         rows = [out[i][:vocab].copy() for i in range(len(batch))]
         active = [br for br, _ in batch]
     return tree
-

@@ -7,6 +7,7 @@ import llama_cpp.llama_cpp as L
 from ..backend import vocab
 from ..backend.native import Model
 
+
 def describe(model: Model) -> dict:
     desc = model.describe()  # e.g. "qwen2 1.5B Q4_K - Medium": architecture, size class, quantisation
     quant = desc.split(" ", 2)[2] if desc.count(" ") >= 2 else "unknown"
