@@ -30,11 +30,11 @@ class Sampler:
     def probs(self, logits: np.ndarray) -> np.ndarray:
         """The processed distribution for one row of logits: float64, sums to 1."""
         z = logits.astype(np.float64) / self.temp
-        _check_finite(z)
+        top = _finite_max(z)  # top-k below keeps the top
         if 0 < self.top_k < z.size:
             kth = np.partition(z, -self.top_k)[-self.top_k]
             z[z < kth] = -np.inf
-        z -= z.max()
+        z -= top
         p = np.exp(z)
         p /= p.sum()
         if self.top_p < 1.0:
@@ -48,17 +48,17 @@ class Sampler:
         needs none to draw) the plain softmax, for the draft's confidence and entropy."""
         if not self.greedy:
             return self.probs(logits)
-        _check_finite(logits)
-        z = np.exp(logits - logits.max())
+        z = np.exp(logits - _finite_max(logits))
         return z / z.sum()
 
 
-def _check_finite(z: np.ndarray) -> None:
-    # max() propagates NaN, so one reduction catches NaN anywhere and +inf; -inf entries are fine
-    # (probability 0) unless every entry is -inf.
+def _finite_max(z: np.ndarray) -> float:
+    """The row's maximum, which softmax subtracts anyway; max() propagates NaN, so the same reduction
+    catches NaN anywhere and +inf. -inf entries are fine (probability 0) unless every entry is -inf."""
     top = z.max()
     if not np.isfinite(top):
         raise NonFiniteLogits(f"logits hold {'NaN' if np.isnan(top) else top}")
+    return top
 
 
 def is_distribution(q: np.ndarray) -> bool:
