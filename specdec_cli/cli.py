@@ -74,25 +74,31 @@ def generate(
         if stream:
             stream.start()
         stats, ids, text, interrupted = _consume(session.generate(tokens), stream)
-        if stream:
-            stream.end()
-        if json_out:
-            ui.print_json(
-                {
-                    "text": text,
-                    "tokens": ids,
-                    "stop_reason": stats.stop_reason,
-                    "stats": {**stats.as_dict(), "load_seconds": round(session.load_seconds, 4)},
-                    "config": {**cfg.as_dict(), "pair": settings.get("pair"), "chat": session.uses_chat},
-                }
-            )
-        else:
-            k = "auto" if cfg.draft_tokens is None else cfg.draft_tokens
-            title = f"specdec · {cfg.drafter}" + (f" · k={k}" if cfg.drafter != "none" else "")
-            title += f" · branches={cfg.branches}" if cfg.branches > 1 else ""
-            ui.show_stats(stats, title, live)
+        with signals.held():  # what the run produced is printed whole
+            _report(session, settings, cfg, stats, ids, text, stream, json_out, live)
     if interrupted:
         raise typer.Exit(signals.exit_code())
+
+
+def _report(session, settings, cfg, stats, ids, text, stream, json_out, live) -> None:
+    """The end of `generate`: the rest of the stream, then the JSON object or the statistics."""
+    if stream:
+        stream.end()
+    if json_out:
+        ui.print_json(
+            {
+                "text": text,
+                "tokens": ids,
+                "stop_reason": stats.stop_reason,
+                "stats": {**stats.as_dict(), "load_seconds": round(session.load_seconds, 4)},
+                "config": {**cfg.as_dict(), "pair": settings.get("pair"), "chat": session.uses_chat},
+            }
+        )
+    else:
+        k = "auto" if cfg.draft_tokens is None else cfg.draft_tokens
+        title = f"specdec · {cfg.drafter}" + (f" · k={k}" if cfg.drafter != "none" else "")
+        title += f" · branches={cfg.branches}" if cfg.branches > 1 else ""
+        ui.show_stats(stats, title, live)
 
 
 def _consume(events, stream: ui.TokenStream | None) -> Result:

@@ -116,6 +116,14 @@ def bench(
     uses_model = has_draft and bool({"model", "auto"} & set(names))
     speculates = set(names) != {"none"}
     drafter = options.default_drafter(uses_model) if uses_model or not speculates else "lookup"
+    # Before any model loads, or is assembled: a bad output path should cost nothing, and must never
+    # destroy an input (the draft as given counts, whether or not a row loads it).
+    inputs = {
+        "--prompts": None if prompts == suite.SUITE_NAME else Path(prompts),
+        "the config file": cfg_file, "the target model": model_location(settings["target"]),
+        "the draft model": model_location(settings["draft"]) if settings.get("draft") else None,
+    }  # fmt: skip
+    json_file, csv_file, plot_file = _outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file}, inputs)
     cfg = run_config({**settings, "drafter": drafter, "max_tokens": max_tokens}, debug=False)
     configs = runner.plan(names, ks, temp_list, branch_list)
     curve_max = max([costmodel.CURVE_MAX] + [k + 1 for k in ks if k is not None])
@@ -124,15 +132,6 @@ def bench(
             f"-c/--ctx-size must be at least {costmodel.CONTEXT + curve_max} for bench (got {cfg.ctx_size}): "
             f"the cost curve decodes {curve_max} tokens after {costmodel.CONTEXT} of context"
         )
-    # Before any model loads: a bad output path should cost nothing, and must never destroy an input.
-    inputs = {
-        "--prompts": None if prompts == suite.SUITE_NAME else Path(prompts),
-        "the config file": cfg_file, "the target model": cfg.target,
-        # the draft as given, whether or not a row loads it: an input all the same
-        "the draft model": cfg.draft or (model_location(settings["draft"]) if settings.get("draft") else None),
-    }  # fmt: skip
-    json_file, csv_file, plot_file = _outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file}, inputs)
-
     rows: list[dict] = []
     interrupted = False
     with open_session(cfg) as session:
@@ -154,7 +153,7 @@ def bench(
             with view:
                 for result in runner.sweep(
                     session, prompt_list, configs, max_tokens=max_tokens, runs=runs, seed=seed,
-                    sampler=cfg.sampler, tick=view.tick,
+                    sampler=cfg.sampler, tick=view.tick, notice=_once(ui.warning),
                 ):  # fmt: skip
                     new = report.rows_for(result, prompt_list, curve)
                     rows += new
@@ -162,16 +161,18 @@ def bench(
                     view.add(new)
         except signals.INTERRUPTS:
             interrupted = True
-    doc["recommendation"] = report.recommendation(rows, curve) if rows else "interrupted before any row finished"
-    doc["interrupted"] = interrupted
-    _write(doc, json_file, csv_file, plot_file)
-    header = (
-        f"specdec bench: {cfg.target.name}" + (f" <- {cfg.draft.name}" if cfg.draft else "")
-        + f", {len(prompt_list)} prompts, {max_tokens} tokens each, {cfg.threads} threads, {doc['machine']['cpu']}"
-    )  # fmt: skip
-    ui.show_bench(rows, doc["cost_curve"], doc["recommendation"], header)
+    with signals.held():  # the files and the tables are written whole
+        doc["recommendation"] = report.recommendation(rows, curve) if rows else "interrupted before any row finished"
+        doc["interrupted"] = interrupted
+        _write(doc, json_file, csv_file, plot_file)
+        header = (
+            f"specdec bench: {cfg.target.name}" + (f" <- {cfg.draft.name}" if cfg.draft else "")
+            + f", {len(prompt_list)} prompts, {max_tokens} tokens each, {cfg.threads} threads, {doc['machine']['cpu']}"
+        )  # fmt: skip
+        ui.show_bench(rows, doc["cost_curve"], doc["recommendation"], header)
+        if interrupted:
+            ui.note("interrupted: every finished row is kept" + (f" in {json_file}" if json_file else ""))
     if interrupted:
-        ui.note("interrupted: every finished row is kept" + (f" in {json_file}" if json_file else ""))
         raise typer.Exit(signals.exit_code())
 
 
@@ -182,6 +183,18 @@ def _outputs(files: dict[str, Path | None], inputs: dict[str, Path | None]) -> l
         if given is not None:
             checked[option] = output_path(given, option, {**inputs, **checked})
     return [checked.get(option) for option in files]
+
+
+def _once(say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say`, for each distinct message once (every generation of a sweep would repeat it)."""
+    said: set[str] = set()
+
+    def once(message: str) -> None:
+        if message not in said:
+            said.add(message)
+            say(message)
+
+    return once
 
 
 def _write(doc: dict, json_file: Path | None, csv_file: Path | None, plot_file: Path | None) -> None:

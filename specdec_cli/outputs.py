@@ -98,6 +98,8 @@ def write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)  # a leftover of a dead process that had our pid
         # O_EXCL: never open through something that appeared at the temporary name.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        if target.exists():  # the replaced file keeps its permissions (a 0600 result stays private)
+            os.fchmod(fd, target.stat().st_mode & 0o7777)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -17,6 +17,7 @@ from .engine.events import Event
 from .engine.kv import Sequence
 from .engine.speculative import Settings, generate
 from .errors import SpecdecError, UsageError
+from . import options
 from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
 
 
@@ -76,8 +77,8 @@ class Session:
                     hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
                 )
         check_context(cfg.ctx_size, [("target", self.target)] + ([("draft", self.draft)] if self.draft else []))
-        # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: draft_tree stops at k nodes deep,
-        # and generate() caps k * branches below.
+        # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: ModelDrafter caps a tree's nodes
+        # at MAX_DRAFT_TOKENS (max_nodes, below).
         ctx = dict(n_ctx=cfg.ctx_size, n_threads=cfg.threads, n_seq=MAX_BRANCHES, max_outputs=MAX_DRAFT_TOKENS + 1)
         self.target_ctx = stack.enter_context(Context(self.target, **ctx))
         self.draft_ctx = stack.enter_context(Context(self.draft, **ctx)) if self.draft else None
@@ -129,8 +130,9 @@ class Session:
         branches = overrides.pop("branches", self.cfg.branches)
         settings = Settings(AUTO_K_MAX, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug)
         settings = replace(settings, draft_tokens=k or AUTO_K_MAX, **overrides)
-        if settings.draft_tokens > MAX_DRAFT_TOKENS:
-            raise UsageError(f"-k/--draft-tokens must be at most {MAX_DRAFT_TOKENS}")
+        problem = options.flag_problem("draft_tokens", settings.draft_tokens)  # a sweep's k: the option's rule
+        if problem:
+            raise UsageError(problem)
         return self._run(drafter or self.cfg.drafter, k, tokens, branches, settings)
 
     def _run(self, name: str, k: int | None, tokens: list[int], branches: int, settings: Settings) -> Iterator[Event]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[int] = []  # the signals seen during this run, first one first
@@ -69,6 +70,20 @@ def install() -> Callable[[], None]:
             signal.signal(s, h)
 
     return restore
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """A signal waits until the block is done: the final output (the JSON, the statistics, the bench
+    files) is written whole, and the interruption applies right after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def over() -> None:

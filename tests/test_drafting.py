@@ -223,6 +223,9 @@ def test_auto_prefers_plain_to_a_draft_model_that_costs_too_much():
     class NeverCalled:
         failed = False
 
+        def take_notice(self):
+            return None
+
         def lag(self, committed):
             return 1
 

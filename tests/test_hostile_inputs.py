@@ -461,3 +461,35 @@ def test_the_bench_recommendation_without_a_draft_model_has_real_numbers():
              "mean_accepted": 1.2} for d, k, s in (("none", 0, 1.0), ("lookup", 3, 0.8))]  # fmt: skip
     text = report.recommendation(rows, curve)
     assert "nan" not in text and "unknown" not in text and "Lookup drafts for free" in text and "1.40x" in text
+
+
+@pytest.mark.parametrize("drafter", ["model", "auto"])
+def test_a_target_token_the_draft_lacks_stops_the_draft_not_the_run(capsys, models, drafter):
+    """The reverse of the extra-vocabulary draft: a target with 40 ids more than its draft (llama.cpp pairs
+    them) writes ids the draft cannot decode."""
+    args = ["generate", "hello there", "--target", str(models["extra_vocab"]), "-n", "60", "--json", "-t", "2"]
+    code, out, _ = specdec(capsys, *args)
+    base = json.loads(out)["tokens"]
+    assert code == 0 and max(base) >= 259  # the target does write ids the draft lacks
+    code, out, err = specdec(capsys, *args, "--draft", str(models["target"]), "--drafter", drafter)
+    assert code == 0 and json.loads(out)["tokens"] == base
+    # once the draft would have to read such an id (auto may decode plainly until then, or throughout)
+    assert err.count("warning: draft target.gguf cannot read token") == (1 if drafter == "model" else err.count("warning")) <= 1, err
+
+
+def test_a_tiny_temperature_is_near_greedy_not_an_overflow():
+    from specdec_cli.engine.sampling import Sampler
+
+    p = Sampler(temp=1e-308).probs(np.array([1.0, 2.0, 0.5], dtype=np.float32))
+    assert np.isfinite(p).all() and p.argmax() == 1 and p[1] == 1.0
+
+
+def test_p_min_with_sampling_keeps_the_output_distribution(open_pair):
+    """p-min stops on the draft's likeliest token, not the sampled one: a stop that depended on the sampled
+    token would skew what a proposal is distributed as."""
+    kw = dict(max_tokens=2, temp=1.5, top_k=3)
+    spec, plain = open_pair("draft", p_min=0.5, **kw), open_pair(None, **kw)
+    spec_counts, stats = sample_counts(spec, "hello world", 1500, draft_tokens=2)
+    plain_counts, _ = sample_counts(plain, "hello world", 1500, draft_tokens=2)
+    ok, stat, cells = same_distribution(spec_counts, plain_counts)
+    assert ok and cells > 3 and stats.drafted > 0, (stat, cells)

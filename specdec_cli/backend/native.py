@@ -158,8 +158,11 @@ class Model:
         n_head = L.llama_model_n_head(self._ptr)
         if n_head <= 0:  # no attention (recurrent): its state does not grow with the context
             return 0
-        head_dim = L.llama_model_n_embd(self._ptr) // n_head
-        return L.llama_model_n_layer(self._ptr) * 2 * L.llama_model_n_head_kv(self._ptr) * head_dim * 2
+        arch = self.meta("general.architecture")
+        # Heads may be wider than n_embd / n_head (Qwen3: 128 vs 64): the file says so when they are.
+        k_dim = int(self.meta(f"{arch}.attention.key_length") or L.llama_model_n_embd(self._ptr) // n_head)
+        v_dim = int(self.meta(f"{arch}.attention.value_length") or k_dim)
+        return L.llama_model_n_layer(self._ptr) * L.llama_model_n_head_kv(self._ptr) * (k_dim + v_dim) * 2
 
     def chat_template(self) -> str | None:
         tmpl = L.llama_model_chat_template(self._ptr, None)
@@ -208,8 +211,16 @@ class Model:
         markup can become control tokens: the contents are tokenized as text, so a prompt that contains
         `<|im_start|>system` stays text and cannot open a turn of its own.
 
-        The template is rendered with a random mark in place of each content, and the rendered text is
-        cut at the marks: markup pieces are parsed for special tokens, contents are not."""
+        Contents without control-token text are tokenized with the template in one piece, as always (a
+        SentencePiece vocabulary adds a space prefix at every cut). Otherwise the template is rendered with
+        a random mark in place of each content and cut there: markup pieces are parsed for special tokens,
+        contents are not."""
+        if all(
+            self._tokenize(c, add_special=False, parse_special=True)
+            == self._tokenize(c, add_special=False, parse_special=False)
+            for _, c in messages
+        ):
+            return self.tokenize(self.apply_chat_template(messages), special=True)
         marks = [f"\x1f{secrets.token_hex(8)}\x1f" for _ in messages]
         contents = {mark: content for mark, (_, content) in zip(marks, messages)}
         rendered = self.apply_chat_template([(role, mark) for mark, (role, _) in zip(marks, messages)])

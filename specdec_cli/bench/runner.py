@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..engine.sampling import Sampler
+from ..engine.events import Notice
 from ..engine.stats import Stats, collect
 from ..session import Session
 from .suite import Prompt
@@ -73,8 +74,10 @@ def sweep(
     seed: int,
     sampler: Sampler,
     tick: Callable[[], None] = lambda: None,
+    notice: Callable[[str], None] = lambda message: None,
 ) -> Iterator[RowResult]:
-    """Yield each configuration's result as soon as it is finished."""
+    """Yield each configuration's result as soon as it is finished; `notice` hears the engine's notices
+    (a draft model that stopped drafting: its rows then decode plainly)."""
     encoded = [session.prompt_tokens(p.text) for p in prompts]
 
     def generate(config: Config, i: int) -> Run:
@@ -83,7 +86,7 @@ def sweep(
             encoded[i], drafter=config.drafter, draft_tokens=config.draft_tokens, branches=config.branches,
             max_tokens=max_tokens, sampler=s, seed=seed + i,
         )  # fmt: skip
-        result = collect(events)
+        result = collect(events, lambda e: notice(e.message) if isinstance(e, Notice) else None)
         tick()
         return Run(result.stats, result.tokens)
 

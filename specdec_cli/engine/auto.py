@@ -91,6 +91,11 @@ class AutoDrafter(Drafter):
             self.model.prefill(tokens)
 
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
+        draft = self._choose(committed, k, sampler, rng)
+        notice = self.model.take_notice() if self.model is not None else None  # the model stopped, unasked
+        return replace(draft, notice=notice) if notice else draft
+
+    def _choose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
         best_rate, choice = 1.0 / self.costs.plain, "none"
         self._shadow = None
         if self.lookup is not None and k > 0:

@@ -192,7 +192,8 @@ def measure(
     seq.rollback(0)
     if dseq is not None:
         dseq.rollback(0)
-    median = statistics.median  # of five; of two, the fastest: the OS slows a decode, it never speeds one up
+    median = statistics.median  # thorough: medians of five; quick: the faster of two passes (the OS slows a
+    # decode, it never speeds one up) and the median of three draft decodes
     return Costs(
         {n: (median(s) if thorough else min(s)) for n, s in samples.items()},
         median(drafts) if drafts else None,

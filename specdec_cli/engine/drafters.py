@@ -101,13 +101,32 @@ class ModelDrafter(Drafter):
         self.max_nodes = max_nodes  # a tree's nodes + 1 must fit the target's output rows
         self.vocab = min(vocab or seq.ctx.n_vocab, seq.ctx.n_vocab)  # ids a draft may propose
         self.failed = False
+        self._notice: str | None = None  # why it failed, until a round has carried it to the user
 
     @property
     def seq(self) -> Sequence:
         return self.tree.main
 
     def prefill(self, tokens: list[int]) -> None:
-        self.seq.append(tokens)
+        if self._readable(tokens):
+            self.seq.append(tokens)
+
+    def _readable(self, tokens: list[int]) -> bool:
+        """Whether the draft has every id of `tokens` (the target's vocabulary may be up to 128 ids larger:
+        llama.cpp pairs them). If not, it stops drafting for good: it cannot follow the text."""
+        top = max(tokens, default=-1)
+        if top >= self.seq.ctx.n_vocab:
+            self._fail(f"cannot read token {top} of the text (its vocabulary has {self.seq.ctx.n_vocab} ids)")
+        return not self.failed
+
+    def _fail(self, why: str) -> None:
+        self.failed = True
+        self._notice = f"draft {self.seq.ctx.model.name} {why}: it no longer drafts; the output is unaffected"
+
+    def take_notice(self) -> str | None:
+        """Why drafting stopped, once: the round that carries it to the user clears it."""
+        notice, self._notice = self._notice, None
+        return notice
 
     def lag(self, committed: list[int]) -> int:
         """Tokens the next draft decode must feed before it can draft (1 when the cache is in step)."""
@@ -119,17 +138,15 @@ class ModelDrafter(Drafter):
     ) -> Draft:  # fmt: skip
         """Draft up to k tokens; `keep_going(confidences)` may end the draft early (auto's stopping rule),
         `fork_pays` may veto a fork (auto's cost model)."""
-        if self.failed:
-            return Draft([], None, source=self.name, k=k)
-        try:
-            if self.branches > 1:
-                return self._propose_tree(committed, k, sampler, rng, keep_going, fork_pays)
-            return self._propose_chain(committed, k, sampler, rng, keep_going)
-        except NonFiniteLogits as e:
-            # Nothing drafted from these logits can be trusted; the round goes on as plain decoding.
-            self.failed = True
-            why = f"draft {self.seq.ctx.model.name} produced non-finite logits ({e}): it no longer drafts; the output is unaffected"
-            return Draft([], None, source=self.name, k=k, notice=why)
+        if not self.failed and self._readable(committed[len(self.seq) :]):
+            try:
+                if self.branches > 1:
+                    return self._propose_tree(committed, k, sampler, rng, keep_going, fork_pays)
+                return self._propose_chain(committed, k, sampler, rng, keep_going)
+            except NonFiniteLogits as e:  # nothing drafted from these logits can be trusted
+                self._fail(f"produced non-finite logits ({e})")
+        # The round goes on as plain decoding.
+        return Draft([], None, source=self.name, k=k, notice=self.take_notice())
 
     def _propose_chain(self, committed, k, sampler, rng, keep_going) -> Draft:
         # The cache may lag the committed text (after a fully accepted round the draft never saw its own
@@ -141,9 +158,11 @@ class ModelDrafter(Drafter):
         h = 0.0  # summed entropy of the drafted tokens' distributions
         for _ in range(k):
             dist = sampler.dist(self.seq.append(feed)[0][: self.vocab])
-            d = int(dist.argmax()) if sampler.greedy else draw(dist, rng)
-            if dist[d] < self.p_min:
+            # p-min looks at the most likely token, not the sampled one: a stop that depended on the
+            # sampled token would change what a proposal is distributed as (greedy: the same token).
+            if dist.max() < self.p_min:
                 break
+            d = int(dist.argmax()) if sampler.greedy else draw(dist, rng)
             tokens.append(d)
             confidence.append(float(dist[d]))
             h += entropy(dist)

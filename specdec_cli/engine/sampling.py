@@ -29,12 +29,12 @@ class Sampler:
 
     def probs(self, logits: np.ndarray) -> np.ndarray:
         """The processed distribution for one row of logits: float64, sums to 1."""
-        z = logits.astype(np.float64) / self.temp
-        top = _finite_max(z)  # top-k below keeps the top
+        # The max off first: dividing by a tiny temperature then cannot overflow (and the finiteness check
+        # judges the model's own logits, not the division).
+        z = (logits.astype(np.float64) - _finite_max(logits)) / self.temp
         if 0 < self.top_k < z.size:
             kth = np.partition(z, -self.top_k)[-self.top_k]
             z[z < kth] = -np.inf
-        z -= top
         p = np.exp(z)
         p /= p.sum()
         if self.top_p < 1.0:

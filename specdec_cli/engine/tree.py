@@ -156,10 +156,10 @@ def draft_tree(
         batch: list[tuple[int, int]] = []  # (branch, token) to decode for the next depth
         for b, row in zip(list(active), rows):
             dist = sampler.dist(row)
-            d = int(dist.argmax()) if sampler.greedy else draw(dist, rng)
-            if dist[d] < p_min:  # llama.cpp's p-min: this branch stops, its doubtful token unproposed
+            if dist.max() < p_min:  # llama.cpp's p-min (on the likeliest token: see ModelDrafter): the branch stops
                 active.remove(b)
                 continue
+            d = int(dist.argmax()) if sampler.greedy else draw(dist, rng)
             parent = tree.tips[b]
             tree.tips[b] = tree.add(d, parent, None if sampler.greedy else dist, float(dist[d]), entropy(dist))
             candidates = [(b, d)]
