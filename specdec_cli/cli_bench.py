@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -17,6 +19,7 @@ from .options import DRAFTERS
 from .session import open_session
 
 T = TypeVar("T")
+EXACT_MODES = {"off": (False,), "on": (True,), "both": (False, True)}  # bench --exact
 
 # --- bench's defaults, one per line (its own: lists to sweep, shorter answers) ----------------------
 BENCH_DRAFT_TOKENS = "2,3,4"  # fixed lengths for model and lookup around llama.cpp's 3; add 8,15 or auto to see more
@@ -59,6 +62,12 @@ def bench(
         help="Comma list of branch counts for the draft model and auto rows (tree drafting, e.g. 1,2,3).",
     ),
     temps: str = typer.Option(BENCH_TEMPS, "--temps", help="Comma list of temperatures (0 = greedy)."),
+    exact: Optional[str] = typer.Option(
+        None,
+        "--exact",
+        help="Exact mode for the rows: on, off, or both (side by side: exact rows get a 'vs fast' column, "
+        "their speed against fast target-only) [the config's exact, else off].",
+    ),
     prompts: str = typer.Option(
         suite.SUITE_NAME, "--prompts", help="The built-in suite, or a JSONL / plain-text file."
     ),
@@ -78,6 +87,8 @@ def bench(
     temp_list = _parse_list(temps, float, "--temps")
     branch_list = _parse_list(branches, int, "--branches")
     cats = _parse_list(categories, str, "--categories") if categories else None
+    if exact is not None and exact not in EXACT_MODES:
+        raise UsageError(f"--exact must be on, off or both (got {exact!r})")
     # The lists are checked with their options' bounds, the single values with their options' rules.
     problems = [
         options.list_problem("draft_tokens", ks, "--draft-tokens", auto=True),
@@ -125,7 +136,8 @@ def bench(
     }  # fmt: skip
     json_file, csv_file, plot_file = _outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file}, inputs)
     cfg = run_config({**settings, "drafter": drafter, "max_tokens": max_tokens}, debug=False)
-    configs = runner.plan(names, ks, temp_list, branch_list)
+    modes = EXACT_MODES[exact] if exact else (cfg.exact,)
+    configs = runner.plan(names, ks, temp_list, branch_list, modes)
     curve_max = max([costmodel.CURVE_MAX] + [k + 1 for k in ks if k is not None])
     if cfg.ctx_size < costmodel.CONTEXT + curve_max:
         raise UsageError(
@@ -134,17 +146,26 @@ def bench(
         )
     rows: list[dict] = []
     interrupted = False
-    with open_session(cfg) as session:
-        ui.note(f"measuring the cost curve of {cfg.target.name}" + (f" and {cfg.draft.name}" if cfg.draft else ""))
-        tokens = session.prompt_tokens(prompt_list[0].text)
-        curve = costmodel.measure(session.target_ctx, session.draft_ctx, tokens, curve_max, thorough=True)
-        session.costs(tokens, measured=curve)  # auto starts from this measurement: the one the predictions use
+    with ExitStack() as stack:
+        sessions = {mode: stack.enter_context(open_session(replace(cfg, exact=mode))) for mode in modes}
+        curves = {}
+        for mode, session in sessions.items():
+            ui.note(
+                f"measuring the cost curve of {cfg.target.name}" + (f" and {cfg.draft.name}" if cfg.draft else "")
+                + (" (exact mode)" if mode else "")
+            )  # fmt: skip
+            tokens = session.prompt_tokens(prompt_list[0].text)
+            curves[mode] = costmodel.measure(session.target_ctx, session.draft_ctx, tokens, curve_max, thorough=True)
+            session.costs(tokens, measured=curves[mode])  # auto starts from this measurement: the predictions' one
+        curve = curves[modes[0]]
         doc = {
             "machine": {**report.machine(), "threads": cfg.threads},
             "models": {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None},
             "cost_curve": report.cost_curve(curve),
+            **({"cost_curve_exact": report.cost_curve(curves[True])} if len(modes) > 1 else {}),
             "settings": {"max_tokens": max_tokens, "runs": runs, "seed": seed, "ctx_size": cfg.ctx_size, "prompts": prompts,
-                         "categories": sorted({p.category for p in prompt_list}), "prompt_count": len(prompt_list)},
+                         "categories": sorted({p.category for p in prompt_list}), "prompt_count": len(prompt_list),
+                         "exact": list(modes)},
             "rows": rows,
         }  # fmt: skip
         _write(doc, json_file, csv_file, plot_file)
@@ -152,10 +173,10 @@ def bench(
         try:
             with view:
                 for result in runner.sweep(
-                    session, prompt_list, configs, max_tokens=max_tokens, runs=runs, seed=seed,
+                    sessions, prompt_list, configs, max_tokens=max_tokens, runs=runs, seed=seed,
                     sampler=cfg.sampler, tick=view.tick, notice=_once(ui.warning),
                 ):  # fmt: skip
-                    new = report.rows_for(result, prompt_list, curve)
+                    new = report.rows_for(result, prompt_list, curves[result.config.exact])
                     rows += new
                     _write(doc, json_file, csv_file, plot_file)
                     view.add(new)

@@ -239,6 +239,15 @@ OPTIONS: tuple[Option, ...] = (
         ),
     ),
     Option(
+        key="exact",
+        flags=("--exact/--no-exact",),
+        type=bool,
+        default=False,
+        help="Exact mode: the target computes each row of a verify batch as it computes that token alone, so "
+        "greedy output is target-only output token for token, on quantized models too (CPU; slower, see README).",
+        config=(bool,),
+    ),
+    Option(
         key="chat",
         flags=("--chat/--no-chat",),
         type=bool,

@@ -58,7 +58,8 @@ class Session:
     def __init__(self, cfg: RunConfig, stack: ExitStack):
         self.cfg = cfg
         t0 = time.perf_counter()
-        self.target = stack.enter_context(Model(cfg.target))
+        # Exact mode changes how the target computes; the draft's numerics never change the output.
+        self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact))
         self.draft = stack.enter_context(Model(cfg.draft)) if cfg.draft and cfg.drafter != "none" else None
         self._costs: costmodel.Costs | None = None
         # Speculation rolls both caches back after every rejection; plain decoding never does.
@@ -128,7 +129,9 @@ class Session:
         draft_tokens (None = auto) and branches, or Settings fields (benchmarks sweep k and branches)."""
         k = overrides.pop("draft_tokens", self.cfg.draft_tokens)
         branches = overrides.pop("branches", self.cfg.branches)
-        settings = Settings(AUTO_K_MAX, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug)
+        settings = Settings(
+            AUTO_K_MAX, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug, self.cfg.exact
+        )
         settings = replace(settings, draft_tokens=k or AUTO_K_MAX, **overrides)
         problem = options.flag_problem("draft_tokens", settings.draft_tokens)  # a sweep's k: the option's rule
         if problem:

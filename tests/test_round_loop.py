@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from specdec_cli.engine.drafters import Draft, Drafter
@@ -41,16 +43,22 @@ class FakeContext:
         rows[np.arange(len(tokens)), (np.asarray(tokens) + 1) % VOCAB] = 10.0
         return rows
 
-    def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str) -> np.ndarray:
-        rows = self.decode_tree(tokens, list(range(pos0, pos0 + len(tokens))), [(seq_id,)] * len(tokens))
-        return rows if outputs == "all" else rows[-1:]
+    def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str | int) -> np.ndarray:
+        first = {"all": 0, "last": len(tokens) - 1}.get(outputs, outputs)
+        return self.decode_tree(tokens, list(range(pos0, pos0 + len(tokens))), [(seq_id,)] * len(tokens), first)
 
-    def decode_tree(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]]) -> np.ndarray:
+    def decode_tree(
+        self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int = 0
+    ) -> np.ndarray:
         for t, p, ss in zip(tokens, pos, seqs):
             for s in ss:
                 assert len(self.cells[s]) == p, "a token decoded at the wrong position"
                 self.cells[s].append(t)
-        return self._rows(tokens)
+        return self._rows(tokens)[first_out:]
+
+    @contextmanager
+    def prompt_kernels(self):
+        yield
 
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         del self.cells[seq][max(p0, 0) :]

@@ -361,3 +361,24 @@ def _check_vocab(meta: dict, names: dict) -> None:
     embd = names.get("token_embd.weight")
     if embd is not None and len(embd.shape) >= 2 and embd.shape[1] < n:
         raise Malformed(f"token_embd.weight has {embd.shape[1]:,} rows for {n:,} tokens (tokenizer.ggml.tokens)")
+
+
+# --- what exact mode needs to know -------------------------------------------------------------------
+# ggml types that an x86 CPU build multiplies with llamafile's sgemm when a matmul has two or more
+# columns (batch rows), and with ggml's own vec_dot when it has one: the two sum in different orders.
+SGEMM_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 6: "Q5_0", 8: "Q8_0", 20: "IQ4_NL", 30: "BF16"}
+
+
+def sgemm_weights(path: Path) -> list[str]:
+    """The matrices of `path` whose products depend on a batch having one row or more (SGEMM_TYPES).
+    token_embd is only looked up by row (get_rows) unless the model has no output matrix of its own."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        tensors = read_header(buf).tensors
+    names = {t.name for t in tensors}
+    return [
+        t.name
+        for t in tensors
+        if sum(d > 1 for d in t.shape) >= 2
+        and t.ggml_type in SGEMM_TYPES
+        and not (t.name == "token_embd.weight" and "output.weight" in names)
+    ]

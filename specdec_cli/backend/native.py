@@ -13,7 +13,9 @@ import re
 import secrets
 import time
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -54,17 +56,60 @@ def _set_abort_handler() -> None:
 
     The symbol is looked up through libllama, opened by the path llama_cpp opened it by (so the same
     handle): the wheel ships libggml-base.so and libggml-base.so.0 as separate copies, and opening
-    one by name could load a second ggml whose callback nobody calls. A handle's lookup also searches
-    the libraries it depends on, where the ggml that libllama uses is."""
+    one by name could load a second ggml whose callback nobody calls (see _native_lib)."""
+    setter = getattr(_native_lib(), "ggml_set_abort_callback", None)
+    if setter is not None:
+        setter.argtypes, setter.restype = [type(_on_abort)], ctypes.c_void_p
+        setter(_on_abort)  # the module keeps _on_abort alive for the process's lifetime
+
+
+def _native_lib() -> ctypes.CDLL | None:
+    """libllama, opened by the path llama_cpp opened it by (so the same handle): the wheel ships
+    libggml-base.so and libggml-base.so.0 as separate copies, and opening one by name could load a
+    second ggml that nobody else calls. A handle's lookup also searches the libraries it depends on,
+    where the ggml that libllama uses is."""
     lib_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(L.__file__).parent / "lib")
     for name in ("libllama.so", "libllama.dylib", "llama.dll", "libllama.dll"):  # llama_cpp's names
         try:
-            setter = ctypes.CDLL(str(lib_dir / name)).ggml_set_abort_callback
-        except (OSError, AttributeError):
+            return ctypes.CDLL(str(lib_dir / name))
+        except OSError:
             continue
-        setter.argtypes, setter.restype = [type(_on_abort)], ctypes.c_void_p
-        setter(_on_abort)  # the module keeps _on_abort alive for the process's lifetime
-        return
+    return None
+
+
+class ReferenceKernels:
+    """ggml's reference mode on a context's CPU backends, on or off (`ggml_backend_cpu_set_use_ref`).
+
+    In reference mode each row of a batch is computed the way a batch of one computes it: no tiled
+    matmul (>= 8 rows), no split-KV flash attention (a single query row over >= 512 cells), no tiled
+    flash attention, no fused ops. llama.cpp's API does not reach a context's backends, so its
+    scheduler is found through the C++ method llama_context::get_sched."""
+
+    def __init__(self, ctx_ptr) -> None:
+        lib = _native_lib()
+        try:
+            get_sched = lib._ZNK13llama_context9get_schedEv
+            n_backends, get_backend = lib.ggml_backend_sched_get_n_backends, lib.ggml_backend_sched_get_backend
+            is_cpu, self._set = lib.ggml_backend_is_cpu, lib.ggml_backend_cpu_set_use_ref
+        except AttributeError as e:  # lib is None, or a build without one of them
+            raise SpecdecError(
+                f"--exact needs ggml's reference CPU kernels, which this llama.cpp build does not expose ({e})",
+                hint="reinstall llama-cpp-python (README, Install), or run without --exact",
+            ) from None
+        get_sched.argtypes, get_sched.restype = [ctypes.c_void_p], ctypes.c_void_p
+        n_backends.argtypes, n_backends.restype = [ctypes.c_void_p], ctypes.c_int
+        get_backend.argtypes, get_backend.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_void_p
+        is_cpu.argtypes, is_cpu.restype = [ctypes.c_void_p], ctypes.c_bool
+        self._set.argtypes, self._set.restype = [ctypes.c_void_p, ctypes.c_bool], None
+        sched = get_sched(ctx_ptr)
+        backends = [get_backend(sched, i) for i in range(n_backends(sched))]
+        self.cpus = [b for b in backends if is_cpu(b)]
+        self.others = len(backends) - len(self.cpus)  # GPU and other backends: their kernels are their own
+        self.set(True)
+
+    def set(self, on: bool) -> None:
+        for backend in self.cpus:
+            self._set(backend, on)
 
 
 _backend_ready = False
@@ -100,13 +145,21 @@ def _load_error() -> str:
 
 
 class Model:
-    """A GGUF model's weights and vocabulary. Use as a context manager."""
+    """A GGUF model's weights and vocabulary. Use as a context manager.
 
-    def __init__(self, path: str | Path):
+    exact: load it for exact mode (see Context): weights as the file has them. Repacked weights
+    (llama.cpp's default on CPU) are multiplied by one kernel for a single row and by another for
+    batches of four and more, which sum in different orders."""
+
+    def __init__(self, path: str | Path, *, exact: bool = False):
         self.path = gguf_file.check(path)
         _init_backend()
         _LOG_LINES.clear()
         params = L.llama_model_default_params()
+        params.use_extra_bufts = not exact
+        self.exact = exact
+        # Matrices whose product for one row is summed differently than for two or more.
+        self.sgemm_weights = gguf_file.sgemm_weights(self.path) if exact else []
         self._ptr = L.llama_model_load_from_file(os.fsencode(self.path), params)  # any bytes a path may hold
         if not self._ptr:
             raise SpecdecError(
@@ -256,7 +309,15 @@ class Model:
 
 
 class Context:
-    """One llama.cpp context: its own KV cache shared by up to `n_seq` forkable sequences."""
+    """One llama.cpp context: its own KV cache shared by up to `n_seq` forkable sequences.
+
+    For a model loaded with exact=True every row a decode returns is the row a decode of that token
+    alone returns, bit for bit, whatever the batch around it (on CPU backends): flash attention on
+    (without it the attention matmuls are batch-shaped), ggml's reference kernels (see
+    _use_reference_kernels), and, when the model has sgemm weights (gguf_file.SGEMM_TYPES), no decode
+    of a single row: a lone token gets a twin in a scratch sequence, so that every product goes
+    through the same sgemm. Rows then differ only if their KV cells are visited in a different order:
+    kv.Branches keeps a sequence's cells in position order."""
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_seq: int = 2, max_outputs: int = 64):
         self.model = model
@@ -273,6 +334,12 @@ class Context:
         # We read logits for at most a verify batch; the default (n_batch) reserves 1 GB+ of
         # output buffers with a 150k vocabulary.
         params.n_outputs_max = max_outputs
+        # Exact mode's lone tokens get a twin in sequence n_seq (one more output row too).
+        self._twin_seq = n_seq if model.exact and model.sgemm_weights else None
+        if model.exact:
+            params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            params.n_seq_max = n_seq + (self._twin_seq is not None)
+            params.n_outputs_max = max_outputs + 1
         self._ptr = L.llama_init_from_model(model._ptr, params)
         if not self._ptr:
             raise SpecdecError(
@@ -281,11 +348,13 @@ class Context:
                 hint="try a smaller -c/--ctx-size",
             )
         self.n_ctx = L.llama_n_ctx(self._ptr)
-        self.n_batch = L.llama_n_batch(self._ptr)
+        # A decode of n_batch tokens has no room for a twin: exact mode's batches are one token shorter.
+        self.n_batch = L.llama_n_batch(self._ptr) - (self._twin_seq is not None)
         self.n_vocab = model.n_vocab
         self.n_seq = n_seq
         self.memory = L.llama_get_memory(self._ptr)
-        self._batch = Batch(self.n_batch, n_seq)
+        self._batch = Batch(L.llama_n_batch(self._ptr), n_seq)
+        self._reference = ReferenceKernels(self._ptr) if model.exact else None
         self.decode_seconds = 0.0  # time inside llama_decode, to tell model cost from our overhead
 
     def close(self) -> None:
@@ -300,32 +369,54 @@ class Context:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str) -> np.ndarray:
+    @contextmanager
+    def prompt_kernels(self) -> Iterator[None]:
+        """Exact mode: decodes inside use the fast kernels (tiled, about 3x faster on a long prompt). For
+        the prompt, which every run of a prompt decodes alike; never for a token that a batch verifies."""
+        if self._reference is None:
+            yield
+            return
+        self._reference.set(False)
+        try:
+            yield
+        finally:
+            self._reference.set(True)
+
+    def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str | int) -> np.ndarray:
         """Decode `tokens` at positions pos0.. and return their logits rows, shape (n_out, n_vocab).
 
-        outputs: "last" (one row) or "all" (a row per token). The rows are a view into llama.cpp's
-        buffer, valid until the next decode: read them, never keep them.
+        outputs: "last" (one row), "all" (a row per token), or i: rows for tokens[i:]. The rows are a
+        view into llama.cpp's buffer, valid until the next decode: read them, never keep them.
         """
         n = len(tokens)
-        return self.decode_tree(tokens, list(range(pos0, pos0 + n)), [(seq_id,)] * n, outputs == "all")
+        first = {"all": 0, "last": n - 1}.get(outputs, outputs)
+        return self.decode_tree(tokens, list(range(pos0, pos0 + n)), [(seq_id,)] * n, first)
 
     def decode_tree(
-        self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], all_rows: bool = True
+        self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int = 0
     ) -> np.ndarray:
         """Decode tokens at their own positions, each in one or more sequences (a token shared by several
-        branches of a tree is computed once). Rows as in `decode`: one per token, or the last only."""
+        branches of a tree is computed once). Rows for tokens[first_out:], as in `decode`."""
         n = len(tokens)
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
-        self._batch.fill(tokens, pos, seqs, all_rows)
+        first_out = min(max(first_out, 0), n - 1)
+        twin = self._twin_seq is not None and first_out == n - 1
+        if twin:  # one output row: its twin makes the output matmul (and a lone token's every one) two wide
+            tokens, pos, seqs = [*tokens, tokens[-1]], [*pos, pos[-1]], [*seqs, (self._twin_seq,)]
+        self._batch.fill(tokens, pos, seqs, first_out)
         t0 = time.perf_counter()
-        rc = L.llama_decode(self._ptr, self._batch.raw)
+        try:
+            rc = L.llama_decode(self._ptr, self._batch.raw)
+        finally:
+            if twin:
+                self.seq_rm(self._twin_seq, -1, -1)  # its cell is free again, for the next position
         self.decode_seconds += time.perf_counter() - t0
         if rc != 0:
             why = {1: "no free slot in the KV cache (context full)", 2: "aborted"}.get(rc, f"code {rc}")
             raise SpecdecError(f"llama_decode failed on {self.model.name}: {why}")
         ptr = L.llama_get_logits(self._ptr)
-        return np.ctypeslib.as_array(ptr, shape=(n if all_rows else 1, self.n_vocab))
+        return np.ctypeslib.as_array(ptr, shape=(n - first_out, self.n_vocab))
 
     # --- KV memory: used through kv.Sequence, which owns the bookkeeping ---------------------
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
@@ -350,7 +441,8 @@ class Batch:
         self.raw = L.llama_batch_init(capacity, 0, n_seq)
         self._live = True
 
-    def fill(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], all_logits: bool) -> None:
+    def fill(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int) -> None:
+        """tokens[i] at pos[i] in seqs[i]; logits for tokens[first_out:] (and always the last)."""
         b = self.raw
         n = len(tokens)
         b.n_tokens = n
@@ -360,7 +452,7 @@ class Batch:
             b.n_seq_id[i] = len(seqs[i])
             for j, s in enumerate(seqs[i]):
                 b.seq_id[i][j] = s
-            b.logits[i] = all_logits
+            b.logits[i] = i >= first_out
         b.logits[n - 1] = True
 
     def close(self) -> None:

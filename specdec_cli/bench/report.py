@@ -22,7 +22,7 @@ COLUMNS = [
     "drafter", "draft_tokens", "branches", "temp", "category", "prompts", "generated_tokens", "tokens_per_second",
     "baseline_tokens_per_second", "speedup", "accept_rate", "per_token_accept", "mean_accepted", "per_position_accept",
     "draft_share", "verify_share", "predicted_speedup", "model_gap", "identical_to_baseline",
-    "predicted_tokens_per_round", "drafter_rounds", "mean_branches", "branch_wins",
+    "predicted_tokens_per_round", "drafter_rounds", "mean_branches", "branch_wins", "exact", "speedup_vs_fast",
 ]  # fmt: skip
 
 
@@ -37,6 +37,10 @@ def rows_for(result: RowResult, prompts: list[Prompt], costs: Costs) -> list[dic
         mine = Stats.combine([result.runs[i].stats for i in idx])
         base = Stats.combine([result.baseline[i].stats for i in idx])
         speedup = mine.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
+        vs_fast = None
+        if result.fast_baseline:  # an exact row beside the fast target-only (interleaved): exact mode's net effect
+            fast = Stats.combine([result.fast_baseline[i].stats for i in idx]).tokens_per_second
+            vs_fast = round(mine.tokens_per_second / fast, 4) if fast else 0.0
         predicted = _predicted(costs, mine, cfg)
         both = mine.predicted_vs_realised()
         gen = mine.generation_seconds or 1.0
@@ -71,6 +75,8 @@ def rows_for(result: RowResult, prompts: list[Prompt], costs: Costs) -> list[dic
                 # tree drafting: mean branches verified per round, and rounds won by each branch
                 "mean_branches": round(mine.branches / mine.rounds, 4) if mine.rounds else 0.0,
                 "branch_wins": list(mine.branch_wins),
+                "exact": cfg.exact,
+                "speedup_vs_fast": vs_fast,
             }
         )
     return out
@@ -112,6 +118,7 @@ def recommendation(rows: list[dict], costs: Costs) -> str:
     best = max(overall, key=lambda r: r["speedup"])
     how = f"--drafter {best['drafter']}" + (f" -k {best['draft_tokens']}" if best["drafter"] != "auto" else "")
     how += f" --branches {best['branches']}" if best.get("branches", 1) > 1 else ""
+    how += " --exact" if best.get("exact") else ""
     how += f" --temp {best['temp']:g}" if best["temp"] else ""
     if best["speedup"] >= PAYS:
         return (

@@ -19,6 +19,7 @@ class Config:
     draft_tokens: int | None  # 0 for the baseline; None: auto, chosen every round
     temp: float
     branches: int = 1  # tree drafting: at most this many branches per round (model and auto)
+    exact: bool = False  # exact mode (--exact): the target computes every row as it computes a token alone
 
     @property
     def is_baseline(self) -> bool:
@@ -35,7 +36,8 @@ class Run:
 class RowResult:
     config: Config
     runs: list[Run]  # one per prompt: the median of R runs
-    baseline: list[Run]  # the baseline's runs on the same prompts, interleaved with these
+    baseline: list[Run]  # the baseline's runs on the same prompts (same mode), interleaved with these
+    fast_baseline: list[Run] | None = None  # exact rows, when fast mode runs too: its baseline, interleaved
 
 
 def plan(
@@ -43,29 +45,33 @@ def plan(
     draft_tokens: list[int | None],
     temps: list[float],
     branches: list[int] | tuple[int, ...] = (1,),
+    modes: list[bool] | tuple[bool, ...] = (False,),
 ) -> list[Config]:
-    """The baseline first in each temperature, then every drafter at every draft length (None: auto);
-    the auto drafter once, choosing its own lengths. The draft model and auto once per branch count."""
+    """The baseline first in each temperature and mode (exact or not), then every drafter at every draft
+    length (None: auto); the auto drafter once, choosing its own lengths. The draft model and auto once
+    per branch count."""
     configs = []
     for temp in temps:
-        configs.append(Config("none", 0, temp))
-        for d in drafters:
-            trees = branches if d in ("model", "auto") else [1]
-            if d == "auto":
-                configs += [Config(d, None, temp, b) for b in trees]
-            elif d != "none":
-                configs += [Config(d, k, temp, b) for k in draft_tokens for b in trees]
+        for exact in modes:
+            configs.append(Config("none", 0, temp, exact=exact))
+            for d in drafters:
+                trees = branches if d in ("model", "auto") else [1]
+                if d == "auto":
+                    configs += [Config(d, None, temp, b, exact) for b in trees]
+                elif d != "none":
+                    configs += [Config(d, k, temp, b, exact) for k in draft_tokens for b in trees]
     return configs
 
 
 def generations(configs: list[Config], prompts: list[Prompt], runs: int) -> int:
     """How many generations the sweep runs (for the progress bar), warm-ups included."""
-    per_prompt = sum(1 if c.is_baseline else 2 for c in configs) * runs
+    both = {c.exact for c in configs} == {False, True}
+    per_prompt = sum(1 + (not c.is_baseline) + (both and c.exact) for c in configs) * runs
     return per_prompt * len(prompts) + len(configs)
 
 
 def sweep(
-    session: Session,
+    sessions: dict[bool, Session],
     prompts: list[Prompt],
     configs: list[Config],
     *,
@@ -77,12 +83,14 @@ def sweep(
     notice: Callable[[str], None] = lambda message: None,
 ) -> Iterator[RowResult]:
     """Yield each configuration's result as soon as it is finished; `notice` hears the engine's notices
-    (a draft model that stopped drafting: its rows then decode plainly)."""
-    encoded = [session.prompt_tokens(p.text) for p in prompts]
+    (a draft model that stopped drafting: its rows then decode plainly). `sessions` holds a session per
+    mode the configurations use (exact or not): exact rows are compared with the exact baseline, and
+    with the fast one too when it runs (exact mode's cost, side by side)."""
+    encoded = [next(iter(sessions.values())).prompt_tokens(p.text) for p in prompts]
 
     def generate(config: Config, i: int) -> Run:
         s = Sampler(config.temp, sampler.top_k, sampler.top_p, sampler.min_p)
-        events = session.generate(
+        events = sessions[config.exact].generate(
             encoded[i], drafter=config.drafter, draft_tokens=config.draft_tokens, branches=config.branches,
             max_tokens=max_tokens, sampler=s, seed=seed + i,
         )  # fmt: skip
@@ -92,17 +100,21 @@ def sweep(
 
     for config in configs:
         generate(config, 0)  # warm-up: caches, page faults, CPU clocks
-        base_config = Config("none", 0, config.temp)
-        mine, theirs = [], []
+        base_config = Config("none", 0, config.temp, exact=config.exact)
+        fast_config = Config("none", 0, config.temp) if config.exact and False in sessions else None
+        mine, theirs, fast = [], [], []
         for i in range(len(prompts)):
-            tries, base_tries = [], []
+            tries, base_tries, fast_tries = [], [], []
             for _ in range(runs):
                 tries.append(generate(config, i))
                 if not config.is_baseline:
                     base_tries.append(generate(base_config, i))
+                if fast_config:
+                    fast_tries.append(generate(fast_config, i))
             mine.append(_median(tries))
             theirs.append(_median(base_tries) if base_tries else mine[-1])
-        yield RowResult(config, mine, theirs)
+            fast += [_median(fast_tries)] if fast_tries else []
+        yield RowResult(config, mine, theirs, fast or None)
 
 
 def _median(runs: list[Run]) -> Run:

@@ -33,13 +33,15 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def append(self, tokens: list[int], outputs: str = "last") -> np.ndarray:
-        """Decode `tokens` after what the cache holds; return logits rows ("last" or "all")."""
+    def append(self, tokens: list[int], outputs: str | int = "last") -> np.ndarray:
+        """Decode `tokens` after what the cache holds; return logits rows ("last", "all", or i: the
+        rows of tokens[i:]; of the last n_batch chunk, when a long prompt needs several)."""
         logits = None
         step = self.ctx.n_batch
         for start in range(0, len(tokens), step):  # long prompts go in n_batch chunks
             chunk = tokens[start : start + step]
-            logits = self.ctx.decode(chunk, len(self.tokens), self.seq_id, outputs)
+            out = outputs if isinstance(outputs, str) else max(outputs - start, 0)
+            logits = self.ctx.decode(chunk, len(self.tokens), self.seq_id, out)
             self.tokens.extend(chunk)
         return logits
 
@@ -97,9 +99,10 @@ class Branches:
         self.seqs.append(self.seqs[branch].fork(self.main.seq_id + new))
         return new
 
-    def decode(self, tokens: list[int], branches: list[tuple[int, ...]]) -> np.ndarray:
+    def decode(self, tokens: list[int], branches: list[tuple[int, ...]], first_out: int = 0) -> np.ndarray:
         """ONE decode of tokens[i] in every branch of branches[i], each after what its branches hold;
-        a token shared by several branches is computed once. Returns a logits row per token."""
+        a token shared by several branches is computed once. Returns a logits row per token from
+        tokens[first_out] on. Any order in which a token comes after its branch's earlier ones works."""
         length = [len(s) for s in self.seqs]
         pos = []
         for i, bs in enumerate(branches):
@@ -110,7 +113,7 @@ class Branches:
             for b in bs:
                 length[b] += 1
         seqs = [tuple(self.seqs[b].seq_id for b in bs) for bs in branches]
-        out = self.main.ctx.decode_tree(tokens, pos, seqs)
+        out = self.main.ctx.decode_tree(tokens, pos, seqs, first_out)
         for t, bs in zip(tokens, branches):
             for b in bs:
                 self.seqs[b].tokens.append(t)

@@ -34,6 +34,10 @@ class Settings:
     sampler: Sampler = Sampler()
     seed: int | None = None
     debug: bool = False  # check the KV invariant after every round
+    # Keep the target's KV cells in position order (exact mode: a row's attention sums the cells in
+    # cell order): after a tree round only the accepted nodes that lie in order stay; the rest are
+    # decoded again, in order, at the front of the next verify batch.
+    ordered_cells: bool = False
 
 
 def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Settings) -> Iterator[Event]:
@@ -45,7 +49,8 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
     detok = Detokenizer(model.piece)
 
     t0 = time.perf_counter()
-    main.append(prompt[:-1])
+    with main.ctx.prompt_kernels():  # every run of this prompt fills the cache alike
+        main.append(prompt[:-1])
     drafter.prefill(prompt[:-1])
     yield Prefilled(prompt_tokens=len(prompt), seconds=time.perf_counter() - t0)
 
@@ -59,15 +64,18 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if room < 0:
             yield Stopped(reason="context", tail=detok.flush())
             return
+        if len(committed) - len(main) > main.ctx.n_batch // 2:  # a long lag (ordered_cells) is fed alone
+            main.append(committed[len(main) : -1])
+        feed = committed[len(main) :]  # what the target's cache lacks: the last token, or more
         # Never draft past the token budget, the context or one decode batch: those tokens could not be used.
-        k = min(settings.draft_tokens, room, main.ctx.n_batch - 1, settings.max_tokens - generated - 1)
+        k = min(settings.draft_tokens, room, main.ctx.n_batch - len(feed), settings.max_tokens - generated - 1)
 
         t_round = time.perf_counter()
-        winner = 0
+        winner, n_before, in_order = 0, len(committed), None
         try:
             draft = drafter.propose(committed, k, sampler, rng)  # 1. draft
             t_draft = time.perf_counter()
-            rows = draft.shape.verify(target, committed[-1], draft.tokens)  # 2. ONE target decode
+            rows = draft.shape.verify(target, feed, draft.tokens)  # 2. ONE target decode
             t_verify = time.perf_counter()
             path, token = _accept(rows, draft, sampler, rng, model, len(committed))  # 3. accept
             winner = draft.shape.winner(path)
@@ -75,8 +83,10 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             # Nothing after an end-of-generation token is output.
             end = next((i for i, t in enumerate(new) if model.is_eog(t)), len(new))
             committed += new[:end]
+            if settings.ordered_cells:  # the last committed token's cell is n_before - 1; nodes follow it
+                in_order = n_before + draft.shape.in_order(path)
         finally:
-            rollback(target, drafter, len(committed) - 1, winner)  # 4. both caches back to the committed text
+            rollback(target, drafter, len(committed) - 1, winner, in_order)  # 4. both caches back to the committed text
         seconds = time.perf_counter() - t_round
         if draft.notice:
             yield Notice(message=draft.notice)
@@ -111,14 +121,15 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             return
 
 
-def rollback(target: Branches, drafter: Drafter, n: int, winner: int = 0) -> None:
-    """Rewind both caches to the committed text minus its last token (which the next round feeds).
+def rollback(target: Branches, drafter: Drafter, n: int, winner: int = 0, in_order: int | None = None) -> None:
+    """Rewind both caches to the committed text minus its last token (which the next round feeds); the
+    target's to its first `in_order` tokens when fewer lie in position order (Settings.ordered_cells).
 
     After a tree round branch `winner` becomes the main sequence in both contexts and every other
     branch is dropped. When every draft token was accepted the draft cache is one token short (it
-    never decoded dk); that is fine: a cache may hold a prefix, and the drafter feeds the gap next round.
+    never decoded dk); that is fine: a cache may hold a prefix, and the next round feeds the gap.
     """
-    target.settle(winner, n)
+    target.settle(winner, n if in_order is None else min(n, in_order))
     drafter.rollback(n, winner)
 
 

@@ -34,9 +34,10 @@ class Chain:
     def __repr__(self) -> str:
         return "CHAIN"
 
-    def verify(self, target: Branches, last: int, tokens: list[int]) -> np.ndarray:
-        """ONE target decode; row 0 follows the last committed token, row i+1 follows draft token i."""
-        return target.main.append([last, *tokens], outputs="all")
+    def verify(self, target: Branches, feed: list[int], tokens: list[int]) -> np.ndarray:
+        """ONE target decode of what the cache lacks (`feed`: the last committed token, or more) and the
+        draft; row 0 follows the last committed token, row i+1 follows draft token i."""
+        return target.main.append([*feed, *tokens], outputs=len(feed) - 1)
 
     def greedy_accept(self, argmax: list[int], tokens: list[int]) -> tuple[list[int], int]:
         m, token = greedy_accept(argmax, tokens)
@@ -57,6 +58,10 @@ class Chain:
         """The nodes that follow `node` (-1: the last committed token) in a draft of n tokens."""
         return [node + 1] if node + 1 < n else []
 
+    def in_order(self, path: list[int]) -> int:
+        """How many accepted tokens lie in KV cells in position order: a chain's cells follow each other."""
+        return len(path)
+
 
 CHAIN = Chain()
 
@@ -73,12 +78,45 @@ class Tree:
     def branches(self) -> int:
         return 1 + max((max(bs) for bs in self.through if bs), default=0)
 
-    def verify(self, target: Branches, last: int, tokens: list[int]) -> np.ndarray:
-        """ONE target decode over every branch, each in its own forked sequence."""
+    def verify(self, target: Branches, feed: list[int], tokens: list[int]) -> np.ndarray:
+        """ONE target decode over every branch, each in its own forked sequence, nodes in `layout` order;
+        rows as a chain's: row 0 follows the last committed token, row i+1 follows node i."""
         n = self.branches
         for _ in range(n - 1):
             target.fork(0)  # every branch starts from the committed text
-        return target.decode([last, *tokens], [tuple(range(n)), *self.through])
+        order = self.layout()
+        everyone = tuple(range(n))
+        rows = target.decode(
+            [*feed, *(tokens[i] for i in order)],
+            [everyone] * len(feed) + [self.through[i] for i in order],
+            first_out=len(feed) - 1,
+        )
+        out = np.empty_like(rows)
+        out[0] = rows[0]
+        out[1 + np.asarray(order, dtype=int)] = rows[1:]
+        return out
+
+    def layout(self) -> list[int]:
+        """The nodes depth first, a node's first child right after it: branch 0's path is one run of
+        cells, as is each fork's path from where it leaves its parent's (kv.Branches places a batch's
+        tokens in consecutive free cells)."""
+        children: list[list[int]] = [[] for _ in self.parents]
+        stack: list[int] = []
+        for node, parent in enumerate(self.parents):
+            (children[parent] if parent >= 0 else stack).append(node)
+        out: list[int] = []
+        stack.reverse()
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack += reversed(children[node])
+        return out
+
+    def in_order(self, path: list[int]) -> int:
+        """How many accepted nodes, from the first, lie in the cells right after the last committed
+        token's, in position order (in `layout`, path[i] is the i-th node)."""
+        where = {node: i for i, node in enumerate(self.layout())}
+        return next((i for i, node in enumerate(path) if where[node] != i), len(path))
 
     def greedy_accept(self, argmax: list[int], tokens: list[int]) -> tuple[list[int], int]:
         return greedy_tree_accept(argmax, tokens, list(self.parents))

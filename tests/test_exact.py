@@ -1,0 +1,192 @@
+"""Exact mode (--exact): every row of a target decode is the row of that token decoded alone, bit for
+bit, so speculative output is target-only output token for token, on quantized models too.
+
+The low-level tests compare logits rows of verify batches 1..32 wide with one-token decodes at KV
+lengths around 256, 512 and 1,024 cells (llama.cpp pads the KV length it attends over to 256, and
+ggml's CPU flash attention changes path at 512). The end-to-end tests compare greedy outputs of every
+drafter with --drafter none on prompts that cross 512 and 1,024 cells. SmolLM2-135M and the F32
+fixtures run everywhere; the default pair where the `models` extra installed it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from conftest import config, run_engine
+from specdec_cli.backend import gguf_file
+from specdec_cli.backend.native import Context, Model
+from specdec_cli.bench import suite
+from specdec_cli.cli import main
+from specdec_cli.engine.kv import Branches, Sequence
+from specdec_cli.session import RunConfig, open_session
+
+LONG_EDITS = Path(__file__).parent.parent / "scripts" / "long-edits.jsonl"
+WIDTHS = list(range(1, 33))
+KV_LENGTHS = (250, 510, 1020)  # each verify batch then runs past 256, 512 or 1,024 cells
+TEXT = (Path(__file__).parent.parent / "scripts" / "long-edits.jsonl").read_text()
+
+
+def differing_rows(model: Model, widths=WIDTHS, kv_lengths=KV_LENGTHS) -> list[tuple[int, int, float]]:
+    """(KV length, batch width, largest difference) wherever a batch row differs from the row of the
+    same token decoded alone after the same cache."""
+    out = []
+    with Context(model, n_ctx=2048, n_threads=2, n_seq=8, max_outputs=64) as ctx:
+        tokens = model.tokenize(TEXT, special=False)
+        for n in kv_lengths:
+            seq = Sequence.empty(ctx)
+            seq.append(tokens[:n])
+            after = tokens[n : n + max(widths)]
+            alone = np.stack([seq.append([t], outputs="all")[0].copy() for t in after])
+            for w in widths:
+                seq.rollback(n)
+                rows = seq.append(after[:w], outputs="all")
+                gap = float(np.abs(rows - alone[:w]).max())
+                if gap:
+                    out.append((n, w, gap))
+    return out
+
+
+# --- rows, bit for bit -------------------------------------------------------------------------------
+def test_f32_fixture_rows_are_bit_exact_in_exact_mode_and_not_without(models):
+    with Model(models["target"], exact=True) as m:
+        assert m.sgemm_weights  # F32 matrices: sgemm for two rows or more, vec_dot for one
+        assert differing_rows(m) == []
+    with Model(models["target"]) as m:
+        assert differing_rows(m, [1, 2, 8, 16], [250])  # the default kernels: a row depends on its batch
+
+
+def test_without_the_twin_a_lone_token_is_computed_differently(models, monkeypatch):
+    """The twin (a lone token decoded beside a copy of itself) is what makes one-row decodes agree
+    with batches on a model with sgemm weights: reference kernels alone are not enough."""
+    monkeypatch.setattr(gguf_file, "sgemm_weights", lambda path: [])
+    with Model(models["target"], exact=True) as m:
+        assert any(w > 1 for _, w, _ in differing_rows(m, [1, 2, 3, 8], [250]))
+
+
+def test_smollm2_rows_are_bit_exact_in_exact_mode(smollm2):
+    with Model(smollm2, exact=True) as m:
+        assert differing_rows(m) == []
+    with Model(smollm2) as m:
+        assert differing_rows(m, [1, 2, 8, 16], [250, 510])  # repacked Q4_1/Q8_0 weights, split-KV attention
+
+
+def test_default_pair_rows_are_bit_exact_in_exact_mode(default_pair):
+    target, _ = default_pair
+    with Model(target, exact=True) as m:
+        assert differing_rows(m, [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32]) == []
+
+
+def test_tree_rows_are_bit_exact_in_exact_mode(models):
+    """One tree decode: every branch's rows are the rows it gets decoded alone."""
+    with Model(models["target"], exact=True) as m, Context(m, n_ctx=512, n_threads=2, n_seq=4) as ctx:
+        prompt = m.tokenize("fork me, and then fork me again", special=False)
+        tree = Branches(Sequence.empty(ctx))
+        tree.main.append(prompt[:-1])
+        tree.fork(0)
+        tree.fork(0)
+        tokens = [prompt[-1], 50, 60, 61, 70, 51]
+        rows = tree.decode(tokens, [(0, 1, 2), (0, 1), (0,), (1,), (1,), (2,)]).copy()
+        for nodes in ([0, 1, 2], [0, 1, 3, 4], [0, 5]):
+            alone = Sequence.empty(ctx)
+            alone.append(prompt[:-1])
+            for i in nodes:
+                assert np.array_equal(rows[i], alone.append([tokens[i]], outputs="all")[0]), nodes
+            tree = Branches(alone)
+
+
+# --- greedy output, token for token ------------------------------------------------------------------
+CONFIGS = [
+    *(dict(drafter="model", draft_tokens=k) for k in (1, 3, 4, 8, 16)),
+    dict(drafter="model", draft_tokens=4, branches=2),
+    dict(drafter="model", draft_tokens=3, branches=3),
+    dict(drafter="lookup", draft_tokens=4),
+    dict(drafter="lookup", draft_tokens=None),
+    dict(drafter="auto", draft_tokens=None),
+]
+
+
+def identity_failures(
+    target: Path, draft: Path, prompts: list[str], exact: bool, max_tokens: int, configs: list[dict] = CONFIGS
+) -> list[str]:
+    """Every (prompt, drafter) whose greedy output differs from --drafter none's, in the given mode."""
+    cfg = RunConfig(
+        target=target, draft=draft, drafter="model", threads=2, max_tokens=max_tokens, exact=exact,
+        p_split=0.02, debug=True,
+    )  # fmt: skip
+    failures = []
+    with open_session(cfg) as s:
+        for i, prompt in enumerate(prompts):
+            tokens = s.prompt_tokens(prompt)
+            base = run_engine(s, prompt, drafter="none")[0]
+            for c in configs:
+                overrides = {k: v for k, v in c.items() if k != "drafter"}
+                ids = [e for e in run_engine(s, prompt, drafter=c["drafter"], **overrides)[0]]
+                if ids != base:
+                    at = next((j for j, (a, b) in enumerate(zip(ids, base)) if a != b), len(base))
+                    failures.append(f"prompt {i} ({len(tokens)} tokens) {c}: differs at token {at}")
+    return failures
+
+
+def long_edits() -> list[str]:
+    return [p.text for p in suite.load(str(LONG_EDITS), None)]
+
+
+def test_smollm2_every_drafter_is_target_only_output_in_exact_mode(smollm2):
+    """SmolLM2 drafts for itself with the default (fast) kernels, so near-ties can go either way in its
+    drafts; the exact target must not care. The prompts (622 and 1,362 tokens) cross 512 and 1,024 cells."""
+    assert identity_failures(smollm2, smollm2, long_edits()[:2], exact=True, max_tokens=48) == []
+
+
+def test_smollm2_without_exact_mode_output_differs(smollm2):
+    """The test above fails without exact mode: here SmolLM2's own drafts change the first token."""
+    model_k4 = [dict(drafter="model", draft_tokens=4)]
+    assert identity_failures(smollm2, smollm2, long_edits()[1:2], exact=False, max_tokens=8, configs=model_k4)
+
+
+DEFAULT_PAIR_PROMPTS = [0, 7, 14]  # the built-in suite's, beside the 622-token edit
+
+
+def test_default_pair_every_drafter_is_target_only_output_in_exact_mode(default_pair):
+    target, draft = default_pair
+    prompts = long_edits()[:1] + [suite.SUITE[i].text for i in DEFAULT_PAIR_PROMPTS]
+    assert identity_failures(target, draft, prompts, exact=True, max_tokens=40) == []
+
+
+def test_default_pair_without_exact_mode_output_differs(default_pair):
+    """The test above fails without exact mode: the default kernels make some outputs differ."""
+    target, draft = default_pair
+    prompts = long_edits()[:1] + [suite.SUITE[i].text for i in DEFAULT_PAIR_PROMPTS]
+    model_k3 = [dict(drafter="model", draft_tokens=3)]
+    assert identity_failures(target, draft, prompts, exact=False, max_tokens=40, configs=model_k3)
+
+
+def test_fixture_trees_are_target_only_output_in_exact_mode(models):
+    """Tree rounds leave the winner's cells out of position order unless they are decoded again: with
+    F32 weights and rows summed over cells in cell order, that alone changes outputs."""
+    prompts = ["hello world", "The quick brown fox", "abcabcabc", "zq", "fork here and there"]
+    base_cfg = config(models, None, exact=True, max_tokens=60)
+    with open_session(base_cfg) as plain:
+        expected = {p: run_engine(plain, p)[0] for p in prompts}
+    for branches, k in ((2, 4), (3, 5), (8, 8)):
+        with open_session(config(models, "draft", exact=True, branches=branches, p_split=0.02, max_tokens=60)) as s:
+            for p in prompts:
+                assert run_engine(s, p, draft_tokens=k)[0] == expected[p], (p, branches, k)
+
+
+# --- the option ----------------------------------------------------------------------------------------
+def test_exact_is_in_the_json_config_and_the_config_file(models, tmp_path, capsys):
+    args = ["generate", "hi", "--target", str(models["target"]), "-n", "4", "--json"]
+    assert main([*args, "--exact"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["exact"] is True
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["exact"] is False
+    cfg = tmp_path / "specdec.toml"
+    cfg.write_text(f'[pairs.default]\ntarget = "{models["target"]}"\ndrafter = "none"\nexact = true\n')
+    assert main(["generate", "hi", "--config", str(cfg), "-n", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["exact"] is True
+    cfg.write_text(f'[pairs.default]\ntarget = "{models["target"]}"\ndrafter = "none"\nexact = "yes"\n')
+    assert main(["generate", "hi", "--config", str(cfg), "-n", "4"]) == 1
+    assert "pairs.default.exact: must be bool" in capsys.readouterr().err
