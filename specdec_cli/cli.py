@@ -68,6 +68,8 @@ def generate(
     text = _read_prompt(prompt)
     cfg = run_config(settings, debug=debug)
     with open_session(cfg) as session:
+        for message in session.warnings:
+            ui.warning(message)
         tokens = session.prompt_tokens(text)
         live = not json_out and ui.live_terminal()
         stream = None if json_out else ui.TokenStream(live)
@@ -98,6 +100,7 @@ def _report(session, settings, cfg, stats, ids, text, stream, json_out, live) ->
         k = "auto" if cfg.draft_tokens is None else cfg.draft_tokens
         title = f"specdec · {cfg.drafter}" + (f" · k={k}" if cfg.drafter != "none" else "")
         title += f" · branches={cfg.branches}" if cfg.branches > 1 else ""
+        title += " · exact" if cfg.exact else ""
         ui.show_stats(stats, title, live)
 
 

@@ -148,6 +148,8 @@ def bench(
     interrupted = False
     with ExitStack() as stack:
         sessions = {mode: stack.enter_context(open_session(replace(cfg, exact=mode))) for mode in modes}
+        for message in {m for s in sessions.values() for m in s.warnings}:
+            ui.warning(message)
         curves = {}
         for mode, session in sessions.items():
             ui.note(
@@ -190,7 +192,7 @@ def bench(
             f"specdec bench: {cfg.target.name}" + (f" <- {cfg.draft.name}" if cfg.draft else "")
             + f", {len(prompt_list)} prompts, {max_tokens} tokens each, {cfg.threads} threads, {doc['machine']['cpu']}"
         )  # fmt: skip
-        ui.show_bench(rows, doc["cost_curve"], doc["recommendation"], header)
+        ui.show_bench(rows, doc["cost_curve"], doc["recommendation"], header, doc.get("cost_curve_exact"))
         if interrupted:
             ui.note("interrupted: every finished row is kept" + (f" in {json_file}" if json_file else ""))
     if interrupted:

@@ -83,6 +83,13 @@ class Session:
         ctx = dict(n_ctx=cfg.ctx_size, n_threads=cfg.threads, n_seq=MAX_BRANCHES, max_outputs=MAX_DRAFT_TOKENS + 1)
         self.target_ctx = stack.enter_context(Context(self.target, **ctx))
         self.draft_ctx = stack.enter_context(Context(self.draft, **ctx)) if self.draft else None
+        self.warnings: list[str] = []  # for the command to show, once
+        if self.target_ctx.other_backends:
+            self.warnings.append(
+                f"--exact holds on CPU backends only; {self.target.name} also runs on {self.target_ctx.other_backends} "
+                "other backend(s) (GPU), whose kernels depend on the batch: greedy output may still differ from "
+                "--drafter none at near-ties"
+            )
         self.load_seconds = time.perf_counter() - t0
 
     @property

@@ -296,7 +296,9 @@ class BenchView:
                   f"{r['tokens_per_second']:.1f} tok/s, {r['speedup']:.2f}x", file=sys.stderr)  # fmt: skip
 
 
-def show_bench(rows: list[dict], curve_dict: dict, recommendation: str, header: str) -> None:
+def show_bench(
+    rows: list[dict], curve_dict: dict, recommendation: str, header: str, exact_curve: dict | None = None
+) -> None:
     # The tables are wide: keep them whole in a file or a pipe rather than folding them to 80 columns.
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     out.print(header)
@@ -307,6 +309,9 @@ def show_bench(rows: list[dict], curve_dict: dict, recommendation: str, header: 
         f"({curve_dict['plain_seconds_per_token'] * 1000:.1f} ms, plain decoding):"
     )
     out.print("  " + "  ".join(f"{n}:{v:.2f}" for n, v in rel.items()))
+    if exact_curve:
+        out.print(f"  exact mode ({exact_curve['plain_seconds_per_token'] * 1000:.1f} ms, plain decoding):")
+        out.print("  " + "  ".join(f"{n}:{v:.2f}" for n, v in exact_curve["target_relative"].items()))
     if c is not None:
         out.print(
             f"  draft: {curve_dict['draft_seconds_per_token'] * 1000:.1f} ms per token, c = t_draft / t_target(1) = {c:.2f}"
@@ -354,7 +359,7 @@ def _chart(rows: list[dict]) -> Text:
         for r in sorted((r for r in pts if r["temp"] == temp), key=order):
             n = round(width * r["speedup"] / top)
             bar = "".join("|" if i == one - 1 and i >= n else ("█" if i < n else " ") for i in range(width))
-            text.append(f"  {_label(r, k_for_auto=True):<18}")
+            text.append(f"  {_label(r, k_for_auto=True):<26}")
             text.append(bar, style="green" if r["speedup"] >= 1.0 else "red")
             text.append(f" {r['speedup']:.2f}x\n")
     return text

@@ -203,6 +203,7 @@ def test_prompts_from_jsonl_and_plain_text(tmp_path):
         (["--prompts", "missing.jsonl"], "is neither a file nor the suite name"),
         (["--seed", "-1"], "--seed must be >= 0 (got -1)"),
         (["-c", "64"], "-c/--ctx-size must be at least 80 for bench (got 64)"),
+        (["--exact", "yes"], "--exact must be on, off or both (got 'yes')"),
     ],
 )
 def test_bad_options_are_clean_errors(capsys, models, args, message):
@@ -267,3 +268,22 @@ def test_ctx_size_is_an_option_and_a_too_long_prompt_names_it(capsys, models, tm
     err = capsys.readouterr().err
     assert code == 2 and "\nerror: the prompt has " in err, err  # the wording is session.prompt_tokens'
     assert "\nhint: raise -c/--ctx-size or shorten the prompt" in err, err
+
+
+def test_exact_both_runs_each_configuration_in_both_modes_side_by_side(capsys, models, tmp_path):
+    code, doc, rows, out = bench(
+        capsys, models, tmp_path, "--draft-tokens", "3", "--branches", "1,2", "--categories", "code", "--exact", "both"
+    )
+    assert code == 0, out
+    everything = [r for r in doc["rows"] if r["category"] == "all"]
+    labels = {(r["drafter"], r["branches"], r["exact"]) for r in everything}
+    configs = {("none", 1), ("model", 1), ("model", 2), ("lookup", 1), ("auto", 1), ("auto", 2)}
+    assert labels == {(d, b, e) for d, b in configs for e in (False, True)}
+    for r in everything:
+        # exact rows: identical to the exact baseline, always; measured beside the fast baseline too
+        assert (r["speedup_vs_fast"] is not None) == r["exact"]
+        if r["exact"]:
+            assert r["identical_to_baseline"] == 1.0 and r["speedup_vs_fast"] > 0, r
+    assert doc["settings"]["exact"] == [False, True] and "cost_curve_exact" in doc
+    assert "vs fast" in out and "(exact)" in out
+    assert {row["exact"] for row in rows} == {"True", "False"}  # the CSV has the column too

@@ -130,9 +130,10 @@ def test_sampling_is_reproducible_with_a_seed(open_pair):
     assert a == b and a != c
 
 
-def test_sampling_matches_target_only_distribution(open_pair):
+@pytest.mark.parametrize("exact", [False, True])
+def test_sampling_matches_target_only_distribution(open_pair, exact):
     """End to end: the first two tokens' joint distribution, speculative vs target-only sampling."""
-    kw = dict(max_tokens=2, temp=1.5, top_k=3)
+    kw = dict(max_tokens=2, temp=1.5, top_k=3, exact=exact)
     spec, plain = open_pair("draft", **kw), open_pair(None, **kw)
     spec_counts, _ = sample_counts(spec, "hello world", 1500, draft_tokens=2)
     plain_counts, _ = sample_counts(plain, "hello world", 1500, draft_tokens=2)

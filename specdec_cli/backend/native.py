@@ -355,6 +355,8 @@ class Context:
         self.memory = L.llama_get_memory(self._ptr)
         self._batch = Batch(L.llama_n_batch(self._ptr), n_seq)
         self._reference = ReferenceKernels(self._ptr) if model.exact else None
+        # Exact mode: backends that are not the CPU, whose kernels are their own (README: Exact output).
+        self.other_backends = self._reference.others if self._reference else 0
         self.decode_seconds = 0.0  # time inside llama_decode, to tell model cost from our overhead
 
     def close(self) -> None:
