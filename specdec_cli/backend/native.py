@@ -313,11 +313,12 @@ class Context:
 
     For a model loaded with exact=True every row a decode returns is the row a decode of that token
     alone returns, bit for bit, whatever the batch around it (on CPU backends): flash attention on
-    (without it the attention matmuls are batch-shaped), ggml's reference kernels (see
-    _use_reference_kernels), and, when the model has sgemm weights (gguf_file.SGEMM_TYPES), no decode
-    of a single row: a lone token gets a twin in a scratch sequence, so that every product goes
-    through the same sgemm. Rows then differ only if their KV cells are visited in a different order:
-    kv.Branches keeps a sequence's cells in position order."""
+    (without it the attention matmuls are batch-shaped), ggml's reference kernels (ReferenceKernels;
+    `prompt_kernels` lifts them for the prompt), and, when the model has sgemm weights
+    (gguf_file.SGEMM_TYPES), no decode of a single row: a lone token gets a twin in a scratch
+    sequence, so that every product goes through the same sgemm. Rows then differ only if their KV
+    cells are visited in a different order: the engine keeps the target's cells in position order
+    (speculative.Settings.ordered_cells)."""
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_seq: int = 2, max_outputs: int = 64):
         self.model = model
@@ -338,6 +339,9 @@ class Context:
         self._twin_seq = n_seq if model.exact and model.sgemm_weights else None
         if model.exact:
             params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            # A GPU build sends batches of 32+ rows to the GPU even for weights in host memory; keep the
+            # CPU's layers on the CPU's (reference) kernels.
+            params.op_offload = False
             params.n_seq_max = n_seq + (self._twin_seq is not None)
             params.n_outputs_max = max_outputs + 1
         self._ptr = L.llama_init_from_model(model._ptr, params)
