@@ -26,7 +26,7 @@ from specdec_cli.session import RunConfig, open_session
 LONG_EDITS = Path(__file__).parent.parent / "scripts" / "long-edits.jsonl"
 WIDTHS = list(range(1, 33))
 KV_LENGTHS = (250, 510, 1020)  # each verify batch then runs past 256, 512 or 1,024 cells
-TEXT = (Path(__file__).parent.parent / "scripts" / "long-edits.jsonl").read_text()
+TEXT = LONG_EDITS.read_text()  # a long text to tokenize, whatever it says
 
 
 def differing_rows(model: Model, widths=WIDTHS, kv_lengths=KV_LENGTHS) -> list[tuple[int, int, float]]:
@@ -123,7 +123,7 @@ def identity_failures(
             base = run_engine(s, prompt, drafter="none")[0]
             for c in configs:
                 overrides = {k: v for k, v in c.items() if k != "drafter"}
-                ids = [e for e in run_engine(s, prompt, drafter=c["drafter"], **overrides)[0]]
+                ids = run_engine(s, prompt, drafter=c["drafter"], **overrides)[0]
                 if ids != base:
                     at = next((j for j, (a, b) in enumerate(zip(ids, base)) if a != b), len(base))
                     failures.append(f"prompt {i} ({len(tokens)} tokens) {c}: differs at token {at}")
