@@ -18,6 +18,7 @@ from .errors import SpecdecError, UsageError
 from .cli_bench import bench
 from .cli_common import run_config
 from .cli_models import app as models_app
+from .cli_rpc import rpc_server
 from .session import open_session
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ app = typer.Typer(
 
 app.add_typer(models_app, name="models")
 app.command()(bench)
+app.command("rpc-server")(rpc_server)
 
 
 def _version(value: bool) -> None:
@@ -93,7 +95,12 @@ def _report(session, settings, cfg, stats, ids, text, stream, json_out, live) ->
                 "tokens": ids,
                 "stop_reason": stats.stop_reason,
                 "stats": {**stats.as_dict(), "load_seconds": round(session.load_seconds, 4)},
-                "config": {**cfg.as_dict(), "pair": settings.get("pair"), "chat": session.uses_chat},
+                "config": {
+                    **cfg.as_dict(),
+                    "pair": settings.get("pair"),
+                    "chat": session.uses_chat,
+                    "target_on": session.where,
+                },
             }
         )
     else:
@@ -101,6 +108,7 @@ def _report(session, settings, cfg, stats, ids, text, stream, json_out, live) ->
         title = f"specdec · {cfg.drafter}" + (f" · k={k}" if cfg.drafter != "none" else "")
         title += f" · branches={cfg.branches}" if cfg.branches > 1 else ""
         title += " · exact" if cfg.exact else ""
+        title += f" · target on {session.where}" if cfg.rpc else ""
         ui.show_stats(stats, title, live)
 
 

@@ -44,7 +44,7 @@ def _parse_list(value: str, cast: Callable[[str], T], option: str) -> list[T]:
     return list(dict.fromkeys(items))  # keep order, drop repeats
 
 
-@options.with_options("target", "draft", "threads", "ctx_size")  # as for generate, one row of settings each
+@options.with_options("target", "draft", "threads", "ctx_size", "rpc")  # as for generate, one row of settings each
 def bench(
     pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
     config_path: Optional[Path] = typer.Option(None, "--config", help="Config file with named pairs."),
@@ -162,7 +162,8 @@ def bench(
         curve = curves[modes[0]]
         doc = {
             "machine": {**report.machine(), "threads": cfg.threads},
-            "models": {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None},
+            "models": {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None,
+                       "target_on": sessions[modes[0]].where},
             "cost_curve": report.cost_curve(curve),
             **({"cost_curve_exact": report.cost_curve(curves[True])} if len(modes) > 1 else {}),
             "settings": {"max_tokens": max_tokens, "runs": runs, "seed": seed, "ctx_size": cfg.ctx_size, "prompts": prompts,
@@ -190,6 +191,7 @@ def bench(
         _write(doc, json_file, csv_file, plot_file)
         header = (
             f"specdec bench: {cfg.target.name}" + (f" <- {cfg.draft.name}" if cfg.draft else "")
+            + (f" (target on {sessions[modes[0]].where})" if cfg.rpc else "")
             + f", {len(prompt_list)} prompts, {max_tokens} tokens each, {cfg.threads} threads, {doc['machine']['cpu']}"
         )  # fmt: skip
         ui.show_bench(rows, doc["cost_curve"], doc["recommendation"], header, doc.get("cost_curve_exact"))

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from .backend.rpc import problem as rpc_problem
 from .engine.sampling import Sampler
 from .errors import UsageError
 
@@ -74,6 +75,7 @@ class Option:
     checks: tuple[Check, ...] = ()
     in_json: bool = True  # shown in --json's "config"
     bounds: tuple[float, float] | None = None  # the range, for `bench`'s comma-separated lists of it
+    env: str | None = None  # an environment variable that sets it when the command line does not
 
     @property
     def flag(self) -> str:
@@ -248,6 +250,17 @@ OPTIONS: tuple[Option, ...] = (
         config=(bool,),
     ),
     Option(
+        key="rpc",
+        flags=("--rpc",),
+        type=str,
+        default=None,
+        help="Run the target's layers on llama.cpp RPC servers (specdec rpc-server), HOST:PORT[,HOST:PORT...]; "
+        "the draft stays on this machine [$SPECDEC_RPC].",
+        config=(str,),
+        checks=((lambda v: rpc_problem(v) is None, "must be HOST:PORT[,HOST:PORT...], each server once (got {v!r})"),),
+        env="SPECDEC_RPC",
+    ),
+    Option(
         key="chat",
         flags=("--chat/--no-chat",),
         type=bool,
@@ -284,8 +297,13 @@ def with_options(*keys: str) -> Callable:
 
 
 def given(settings: dict[str, Any]) -> dict[str, Any]:
-    """The options' values as the command line gave them: choices as plain strings."""
-    return {k: v.value if isinstance(v, Enum) else v for k, v in settings.items() if k in BY_KEY}
+    """The options' values as the command line gave them (choices as plain strings), and as the
+    environment sets those it did not (an environment variable wins over the config file)."""
+    out = {k: v.value if isinstance(v, Enum) else v for k, v in settings.items() if k in BY_KEY}
+    for o in OPTIONS:
+        if o.env and o.key in settings and out.get(o.key) is None and os.environ.get(o.env):
+            out[o.key] = os.environ[o.env]
+    return out
 
 
 class OptionError(UsageError):

@@ -7,7 +7,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Iterator
 
-from .backend import vocab
+from .backend import rpc, vocab
 from .backend.native import Context, Model
 from .engine import costmodel
 from .engine.auto import AutoDrafter
@@ -58,9 +58,16 @@ class Session:
     def __init__(self, cfg: RunConfig, stack: ExitStack):
         self.cfg = cfg
         t0 = time.perf_counter()
+        # --rpc: the target's layers on the servers (and any local GPU, as llama.cpp would); the draft
+        # never leaves this machine. None: llama.cpp's default placement, when no server is registered.
+        servers = rpc.parse(cfg.rpc) if cfg.rpc else []
+        self.where = f"rpc {rpc.label(servers)}" if servers else "local"
+        local = rpc.local_gpus() if servers or rpc.in_use() else None
+        target_devices = rpc.devices(servers) + local if servers else local
         # Exact mode changes how the target computes; the draft's numerics never change the output.
-        self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact))
-        self.draft = stack.enter_context(Model(cfg.draft)) if cfg.draft and cfg.drafter != "none" else None
+        self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, devices=target_devices))
+        draft = cfg.draft and cfg.drafter != "none"
+        self.draft = stack.enter_context(Model(cfg.draft, devices=local)) if draft else None
         self._costs: costmodel.Costs | None = None
         # Speculation rolls both caches back after every rejection; plain decoding never does.
         for role, m in (("target", self.target), ("draft", self.draft)):
@@ -87,7 +94,7 @@ class Session:
         if self.target_ctx.other_backends:
             self.warnings.append(
                 f"--exact holds on CPU backends only; {self.target.name} also runs on {self.target_ctx.other_backends} "
-                "other backend(s) (GPU), whose kernels depend on the batch: greedy output may still differ from "
+                "other backend(s) (GPU or RPC), whose kernels depend on the batch: greedy output may still differ from "
                 "--drafter none at near-ties"
             )
         self.load_seconds = time.perf_counter() - t0

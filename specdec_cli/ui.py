@@ -59,7 +59,7 @@ def warning(message: str) -> None:
 
 
 def note(message: str) -> None:
-    _err.print(Text(message, style="dim"))
+    _err.print(Text(message, style="dim"), soft_wrap=True)
 
 
 class TokenStream:

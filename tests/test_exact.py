@@ -206,7 +206,7 @@ def test_exact_on_a_gpu_build_runs_and_says_where_the_guarantee_ends(models, mon
 
 
 def test_a_build_without_the_reference_kernels_is_one_line(models, monkeypatch, capsys):
-    monkeypatch.setattr(native, "_native_lib", lambda: None)
+    monkeypatch.setattr(native, "native_lib", lambda: None)
     assert main(["generate", "hi", "--target", str(models["target"]), "-n", "2", "--exact"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: --exact needs ggml's reference CPU kernels") and "Traceback" not in err

@@ -8,9 +8,11 @@ Freeing order: batch, then context, then model (a context borrows its model's we
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import secrets
+import sys
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -46,7 +48,12 @@ def _on_abort(message: bytes | None) -> None:
     try:
         where, _, what = (message or b"").decode("utf-8", "replace").partition(": ")
         text = f"{os.path.basename(where)}: {what}" if what else where
-        os.write(2, f"error: llama.cpp aborted: {' '.join(text.split())}\n".encode())
+        line = f"error: llama.cpp aborted: {' '.join(text.split())}\n"
+        rpc = sys.modules.get(__package__ + ".rpc")  # a lost RPC server is llama.cpp's abort too
+        explained = rpc.abort_message(" ".join(text.split())) if rpc else None
+        if explained:
+            line = f"error: {explained[0]}\nhint: {explained[1]}\n"
+        os.write(2, line.encode())
     finally:
         os._exit(1)
 
@@ -56,14 +63,15 @@ def _set_abort_handler() -> None:
 
     The symbol is looked up through libllama, opened by the path llama_cpp opened it by (so the same
     handle): the wheel ships libggml-base.so and libggml-base.so.0 as separate copies, and opening
-    one by name could load a second ggml whose callback nobody calls (see _native_lib)."""
-    setter = getattr(_native_lib(), "ggml_set_abort_callback", None)
+    one by name could load a second ggml whose callback nobody calls (see native_lib)."""
+    setter = getattr(native_lib(), "ggml_set_abort_callback", None)
     if setter is not None:
         setter.argtypes, setter.restype = [type(_on_abort)], ctypes.c_void_p
         setter(_on_abort)  # the module keeps _on_abort alive for the process's lifetime
 
 
-def _native_lib() -> ctypes.CDLL | None:
+@functools.cache
+def native_lib() -> ctypes.CDLL | None:
     """libllama, opened by the path llama_cpp opened it by (so the same handle): the wheel ships
     libggml-base.so and libggml-base.so.0 as separate copies, and opening one by name could load a
     second ggml that nobody else calls. A handle's lookup also searches the libraries it depends on,
@@ -86,7 +94,7 @@ class ReferenceKernels:
     scheduler is found through the C++ method llama_context::get_sched."""
 
     def __init__(self, ctx_ptr) -> None:
-        lib = _native_lib()
+        lib = native_lib()
         try:
             get_sched = lib._ZNK13llama_context9get_schedEv
             n_backends, get_backend = lib.ggml_backend_sched_get_n_backends, lib.ggml_backend_sched_get_backend
@@ -115,7 +123,7 @@ class ReferenceKernels:
 _backend_ready = False
 
 
-def _init_backend() -> None:
+def init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
         # Quiet unless SPECDEC_LLAMA_LOG asks for llama.cpp's own output: its log, and the gdb backtrace
@@ -151,12 +159,17 @@ class Model:
     (llama.cpp's default on CPU) are multiplied by one kernel for a single row and by another for
     batches of four and more, which sum in different orders."""
 
-    def __init__(self, path: str | Path, *, exact: bool = False):
+    def __init__(self, path: str | Path, *, exact: bool = False, devices: list[int] | None = None):
         self.path = gguf_file.check(path)
-        _init_backend()
+        init_backend()
         _LOG_LINES.clear()
         params = L.llama_model_default_params()
         params.use_extra_bufts = not exact
+        # devices: where the layers go (ggml_backend_dev_t; [] keeps them on this CPU); None: llama.cpp's
+        # default, every GPU and every RPC server this process registered.
+        self._devices = None if devices is None else (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+        if self._devices is not None:
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         self.exact = exact
         # Matrices whose product for one row is summed differently than for two or more.
         self.sgemm_weights = gguf_file.sgemm_weights(self.path) if exact else []
