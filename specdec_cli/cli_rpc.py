@@ -25,15 +25,15 @@ def rpc_server(
         "lets every machine that reaches it use this one: see the warning.",
     ),
     port: int = typer.Option(rpc.DEFAULT_PORT, "-p", "--port", help="Port to listen on."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads [every core]."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: every core)."),
     mem: Optional[int] = typer.Option(
         None,
         "--mem",
         help="MiB this server reports as free: clients split a model's layers across servers "
-        "by it [the device's free memory].",
+        "by it (default: the device's free memory).",
     ),
 ) -> None:
-    """Serve this machine's devices (GPU, else CPU) to `specdec --rpc HOST:PORT` over the network."""
+    """Serve this machine's devices (GPU, else CPU) to `specdec generate/bench --rpc HOST:PORT` elsewhere."""
     rpc.require()
     threads = threads or options.default_threads()
     problem = options.flag_problem("threads", threads)

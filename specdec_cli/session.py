@@ -90,6 +90,8 @@ class Session:
         ctx = dict(n_ctx=cfg.ctx_size, n_threads=cfg.threads, n_seq=MAX_BRANCHES, max_outputs=MAX_DRAFT_TOKENS + 1)
         self.target_ctx = stack.enter_context(Context(self.target, **ctx))
         self.draft_ctx = stack.enter_context(Context(self.draft, **ctx)) if self.draft else None
+        if servers:
+            rpc.watch_connections()  # a server machine that vanishes ends the run instead of hanging it
         self.warnings: list[str] = []  # for the command to show, once
         if self.target_ctx.other_backends:
             self.warnings.append(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -210,6 +211,58 @@ def test_a_server_killed_mid_generation_is_one_error_line_within_seconds(models)
     line = error_line(r)
     assert took < 10, took
     assert line.startswith(f"error: lost the connection to the RPC server ({server.endpoint})"), line
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="a network namespace needs root and iproute2")
+def test_a_server_machine_that_vanishes_is_one_error_line_not_a_hang(models):
+    """The server in a network namespace of its own, reached over a veth pair (addresses that exist only
+    inside this test); its end of the link goes down mid-generation, as a machine that loses power: no
+    FIN, no RST, the packets vanish. Without keepalive and a send timeout the client waits for minutes."""
+    ns, port = f"specdec-t{os.getpid()}", free_port()
+    host_if, ns_if = f"sdt{os.getpid() % 10000}a", f"sdt{os.getpid() % 10000}b"
+    ip = lambda *a: subprocess.run(["ip", *a], check=True, capture_output=True)  # noqa: E731
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        ip("link", "set", ns_if, "netns", ns)
+        ip("addr", "add", "10.213.7.1/24", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("netns", "exec", ns, "ip", "addr", "add", "10.213.7.2/24", "dev", ns_if)
+        ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "specdec_cli", "rpc-server", "--host", "10.213.7.2",
+             "--port", str(port), "-t", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            for line in server.stderr:
+                if "Ctrl-C stops it" in line:
+                    break
+            else:
+                pytest.fail("rpc-server did not start in the namespace")
+            client = subprocess.Popen(
+                [sys.executable, "-m", "specdec_cli", "generate", "hello", "--target", str(models["target"]),
+                 "-c", "16384", "-n", "16000", "-t", "1", "--rpc", f"10.213.7.2:{port}"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert client.stdout.read(1)
+            ip("netns", "exec", ns, "ip", "link", "set", ns_if, "down")
+            t0 = time.monotonic()
+            try:
+                _, err = client.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                pytest.fail("the client hung on a vanished server")
+            took = time.monotonic() - t0
+        finally:
+            server.kill()
+            server.wait()
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+    r = subprocess.CompletedProcess(client.args, client.returncode, "", err)
+    assert error_line(r).startswith("error: lost the connection to the RPC server (10.213.7.2:")
+    assert took < 20, took
 
 
 def test_a_port_without_a_server_is_one_error_line(models):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import os
 import socket
 import struct
 import sys
@@ -135,6 +136,13 @@ def _recv(sock: socket.socket, n: int) -> bytes:
 # --- the client: a target on RPC devices -------------------------------------------------------
 _REGISTERED: dict[tuple[str, int], list[int]] = {}  # endpoint -> its devices (ggml_backend_dev_t)
 _LIVE: list[str] = []  # endpoints in use, for abort_message
+_PEERS: set[tuple[str, int]] = set()  # their (IPv4 address, port), to find the library's connections
+# A server whose machine vanishes (power, cable, partition) sends nothing, and a client waiting for a
+# reply would wait forever: keepalive probes after 5 s of silence, 1 s apart, 3 unanswered end the
+# connection (and the run, with one line); data unacknowledged for 10 s does too. A server busy computing
+# does not trip either: its kernel acknowledges and answers probes.
+KEEPALIVE = (5, 1, 3)
+USER_TIMEOUT_MS = 10_000
 
 
 def devices(endpoints: list[tuple[str, int]]) -> list[int]:
@@ -146,6 +154,7 @@ def devices(endpoints: list[tuple[str, int]]) -> list[int]:
     for host, port in endpoints:
         if (host, port) not in _REGISTERED:
             check(host, port)
+            _PEERS.add((socket.gethostbyname(host), port))  # as llama.cpp resolves it (IPv4)
             _LIVE.append(f"{host}:{port}")  # before the library connects: it may abort there
             reg = lib.ggml_backend_rpc_add_server(f"{host}:{port}".encode())
             lib.ggml_backend_register(reg)
@@ -153,6 +162,37 @@ def devices(endpoints: list[tuple[str, int]]) -> list[int]:
             _REGISTERED[(host, port)] = [lib.ggml_backend_reg_dev_get(reg, i) for i in range(n)]
         out += _REGISTERED[(host, port)]
     return out
+
+
+def watch_connections() -> int:
+    """Keepalive and a send timeout (KEEPALIVE, USER_TIMEOUT_MS) on llama.cpp's open connections to the
+    servers, found among this process's descriptors by their peer; how many. Call it once a model is
+    loaded: the library reconnects while it sets up, and keeps one connection while buffers live."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # not Linux: no /proc, and the options below are Linux's
+        return 0
+    found = 0
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=os.dup(fd))  # a second handle on the same socket; closing it leaves fd
+        except OSError:
+            continue
+        with sock:
+            try:
+                peer = sock.getpeername() if sock.family == socket.AF_INET else None
+            except OSError:
+                peer = None
+            if peer not in _PEERS:
+                continue
+            idle, interval, count = KEEPALIVE
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
+            found += 1
+    return found
 
 
 def local_gpus() -> list[int]:
