@@ -255,7 +255,7 @@ OPTIONS: tuple[Option, ...] = (
         type=str,
         default=None,
         help="Run the target's layers on llama.cpp RPC servers (specdec rpc-server), HOST:PORT[,HOST:PORT...]; "
-        "the draft stays on this machine [$SPECDEC_RPC].",
+        "the draft stays on this machine (default: $SPECDEC_RPC, else the pair's rpc).",
         config=(str,),
         checks=((lambda v: rpc_problem(v) is None, "must be HOST:PORT[,HOST:PORT...], each server once (got {v!r})"),),
         env="SPECDEC_RPC",

@@ -161,6 +161,15 @@ def test_smollm2_over_rpc_is_local_output(smollm2, two_servers):
         assert remote == local, drafter
 
 
+def test_exact_mode_over_rpc_says_where_it_does_not_hold(models, two_servers):
+    """The servers' kernels are their own (exact mode sets only this machine's): one warning line."""
+    r = cli("generate", "hi", "--target", models["target"], "-n", "4", "-t", "1", "--exact", "--rpc",
+            two_servers[0].endpoint)  # fmt: skip
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert r.returncode == 0 and len(warnings) == 1, r.stderr
+    assert warnings[0].startswith("warning: --exact holds on CPU backends only") and "(GPU or RPC)" in warnings[0]
+
+
 def test_the_target_layers_are_on_the_servers_and_the_draft_is_not(smollm2, two_servers):
     """llama.cpp's own report of where each layer and buffer went: every layer of the target on the
     two servers, both holding part of it; the draft (the same file) wholly on this machine."""
