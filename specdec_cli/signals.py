@@ -3,6 +3,11 @@ manager get the statistics, the JSON and the finished bench rows too, and nothin
 
 The first signal raises `Interrupted` where the program is; later ones are ignored, so the
 teardown that the first one started (rollback, statistics, files) cannot itself be cut short.
+
+Python runs a signal handler only once the main thread is back in Python code. A llama.cpp call that
+never returns (waiting for an RPC server that froze: its kernel still acknowledges, so no timeout fires)
+would make Ctrl-C do nothing at all; a watchdog thread, woken by the signal itself (set_wakeup_fd), ends
+the process with one line if the handler has not run within GRACE_SECONDS.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -27,6 +33,9 @@ INTERRUPTS = (Interrupted, KeyboardInterrupt)  # what to catch: a KeyboardInterr
 
 
 RESEND_SECONDS = 0.005  # a log callback returns within microseconds
+GRACE_SECONDS = 5.0  # a decode step returns within this; a llama.cpp call that does not is stuck
+_wakeup: list[int] = []  # the watchdog's pipe, once per process: (read end, write end)
+_ran = [0]  # how many times _handler ran: the watchdog compares it with the signals that came
 _CALLBACKS: set = set()  # code of the Python functions that C calls back (llama.cpp's log hook)
 
 
@@ -38,6 +47,7 @@ def native_callback(fn):
 
 
 def _handler(signum: int, frame) -> None:
+    _ran[0] += 1
     if not _received and _in_callback(frame):
         # Sent again shortly, from a thread: sent from here, it would be handled inside this handler.
         timer = threading.Timer(RESEND_SECONDS, os.kill, (os.getpid(), signum))
@@ -47,6 +57,33 @@ def _handler(signum: int, frame) -> None:
     _received.append(signum)
     if len(_received) == 1:
         raise Interrupted(signum)
+
+
+def _watchdog_fd() -> int:
+    """The write end of the pipe the interpreter writes each signal's number to, from its C handler;
+    the watchdog thread reads it. Started once per process."""
+    if not _wakeup:
+        r, w = os.pipe()
+        os.set_blocking(w, False)  # set_wakeup_fd's requirement
+        _wakeup.extend((r, w))
+        threading.Thread(target=_watchdog, args=(r,), daemon=True, name="specdec-signal-watchdog").start()
+    return _wakeup[1]
+
+
+def _watchdog(read_fd: int) -> None:
+    came = 0  # signals our handlers were installed for (bytes come only while they are: see install)
+    while True:
+        raw = os.read(read_fd, 64)
+        if not raw:
+            return
+        data = [s for s in raw if s in HANDLED]
+        came += len(data)
+        deadline = time.monotonic() + GRACE_SECONDS
+        while data and _ran[0] < came and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if data and _ran[0] < came:  # the main thread is inside llama.cpp and does not come back
+            os.write(2, b"error: interrupted while llama.cpp was blocked (an RPC server that stopped answering?)\n")
+            os._exit(128 + data[-1])
 
 
 def _in_callback(frame) -> bool:
@@ -64,8 +101,10 @@ def install() -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         return lambda: None
     previous = {s: signal.signal(s, _handler) for s in HANDLED}
+    previous_fd = signal.set_wakeup_fd(_watchdog_fd(), warn_on_full_buffer=False)
 
-    def restore() -> None:
+    def restore() -> None:  # the wakeup first: a signal it reports is always one _handler sees
+        signal.set_wakeup_fd(previous_fd)
         for s, h in previous.items():
             signal.signal(s, h)
 

@@ -274,6 +274,34 @@ def test_a_server_machine_that_vanishes_is_one_error_line_not_a_hang(models):
     assert took < 20, took
 
 
+def test_ctrl_c_ends_a_client_whose_server_froze(models):
+    """A frozen server (SIGSTOP: its kernel still acknowledges and answers keepalives) leaves the client
+    inside llama.cpp, where Python's handler cannot run: the watchdog still ends it, with one line."""
+    with servers(1) as (server,):
+        client = subprocess.Popen(
+            [sys.executable, "-m", "specdec_cli", "generate", "hello", "--target", str(models["target"]),
+             "-c", "16384", "-n", "16000", "-t", "1", "--rpc", server.endpoint],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert client.stdout.read(1)
+            server.proc.send_signal(signal.SIGSTOP)
+            time.sleep(1)  # the client is now waiting for a reply that does not come
+            client.send_signal(signal.SIGINT)
+            t0 = time.monotonic()
+            try:
+                _, err = client.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                pytest.fail("Ctrl-C did not end a client whose RPC server froze")
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+    assert client.returncode == 130 and time.monotonic() - t0 < 15
+    assert err.strip().splitlines()[-1] == (
+        "error: interrupted while llama.cpp was blocked (an RPC server that stopped answering?)"
+    ), err
+
+
 def test_a_port_without_a_server_is_one_error_line(models):
     port = free_port()
     t0 = time.monotonic()
