@@ -36,6 +36,10 @@ RESEND_SECONDS = 0.005  # a log callback returns within microseconds
 GRACE_SECONDS = 5.0  # a decode step returns within this; a llama.cpp call that does not is stuck
 _wakeup: list[int] = []  # the watchdog's pipe, once per process: (read end, write end)
 _ran = [0]  # how many times _handler ran: the watchdog compares it with the signals that came
+_STUCK = (
+    b"error: interrupted, and llama.cpp did not return within 5 s (an RPC server that stopped answering, "
+    b"or a long prompt being read): stopped at once\n"
+)
 _CALLBACKS: set = set()  # code of the Python functions that C calls back (llama.cpp's log hook)
 
 
@@ -82,7 +86,7 @@ def _watchdog(read_fd: int) -> None:
         while data and _ran[0] < came and time.monotonic() < deadline:
             time.sleep(0.05)
         if data and _ran[0] < came:  # the main thread is inside llama.cpp and does not come back
-            os.write(2, b"error: interrupted while llama.cpp was blocked (an RPC server that stopped answering?)\n")
+            os.write(2, _STUCK)
             os._exit(128 + data[-1])
 
 
