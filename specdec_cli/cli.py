@@ -17,6 +17,7 @@ from .engine.stats import Result, collect
 from .errors import SpecdecError, UsageError
 from .cli_bench import bench
 from .cli_common import run_config
+from .cli_cache import app as cache_app
 from .cli_models import app as models_app
 from .cli_rpc import rpc_server
 from .session import open_session
@@ -30,6 +31,7 @@ app = typer.Typer(
 )
 
 app.add_typer(models_app, name="models")
+app.add_typer(cache_app, name="cache")
 app.command()(bench)
 app.command("rpc-server")(rpc_server)
 
@@ -67,17 +69,19 @@ def generate(
     if given.get("system") is not None:
         given["system"] = _text(given["system"], "--system")
     settings = config.resolve(given, pair, config.config_file(config_path))
-    text = _read_prompt(prompt)
+    prompt_text = _read_prompt(prompt)
     cfg = run_config(settings, debug=debug)
     with open_session(cfg) as session:
         for message in session.warnings:
             ui.warning(message)
-        tokens = session.prompt_tokens(text)
+        tokens = session.prompt_tokens(prompt_text)
         live = not json_out and ui.live_terminal()
         stream = None if json_out else ui.TokenStream(live)
         if stream:
             stream.start()
-        stats, ids, text, interrupted = _consume(session.generate(tokens), stream)
+        stats, ids, text, interrupted = _consume(session.generate(tokens, instruction=prompt_text), stream)
+        if not interrupted and stats.stop_reason in ("eos", "max_tokens"):
+            session.remember(ids)  # the lookup cache: a later run may draft from this answer
         with signals.held():  # what the run produced is printed whole
             _report(session, settings, cfg, stats, ids, text, stream, json_out, live)
     if interrupted:

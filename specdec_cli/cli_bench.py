@@ -44,7 +44,9 @@ def _parse_list(value: str, cast: Callable[[str], T], option: str) -> list[T]:
     return list(dict.fromkeys(items))  # keep order, drop repeats
 
 
-@options.with_options("target", "draft", "threads", "ctx_size", "rpc")  # as for generate, one row of settings each
+@options.with_options(
+    "target", "draft", "threads", "ctx_size", "rpc", "lookup_cache"
+)  # as for generate, one row of settings each
 def bench(
     pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
     config_path: Optional[Path] = typer.Option(None, "--config", help="Config file with named pairs."),

@@ -47,9 +47,10 @@ def run_config(settings: dict, *, debug: bool) -> RunConfig:
 
 
 def draft_tokens(value: int | str | None, drafter: str) -> int | None:
-    """-k as given ("auto" is None); unset, it is auto for the auto drafter and DRAFT_TOKENS otherwise."""
+    """-k as given ("auto" is None); unset, it is auto for the auto and lookup drafters (a lookup draft's
+    right length runs from 0 to dozens of tokens, round by round) and DRAFT_TOKENS for the draft model."""
     if value is None:
-        return None if drafter == "auto" else DRAFT_TOKENS
+        return None if drafter in ("auto", "lookup") else DRAFT_TOKENS
     if isinstance(value, int):
         return value
     if value.strip().lower() == "auto":

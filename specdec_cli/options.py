@@ -128,7 +128,7 @@ OPTIONS: tuple[Option, ...] = (
         type=str,
         default=DRAFT_TOKENS,
         help=f"Tokens drafted per round, or 'auto' to choose every round (up to {AUTO_K_MAX}) "
-        f"(auto with --drafter auto, else {DRAFT_TOKENS}).",
+        f"(auto with --drafter auto or lookup, else {DRAFT_TOKENS}).",
         config=(int, str),
         checks=(at_least(1), (lambda v: v <= MAX_DRAFT_TOKENS, f"must be at most {MAX_DRAFT_TOKENS} (got {{v}})")),
         bounds=(1, MAX_DRAFT_TOKENS),
@@ -247,6 +247,15 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
         help="Exact mode: the target computes each row of a verify batch as it computes that token alone, so "
         "greedy output is target-only output token for token, on quantized models too (CPU; slower, see README).",
+        config=(bool,),
+    ),
+    Option(
+        key="lookup_cache",
+        flags=("--lookup-cache/--no-lookup-cache",),
+        type=bool,
+        default=True,
+        help="Lookup (auto or lookup drafter) also drafts from earlier answers of this target, kept in the specdec "
+        "cache (bounded; `specdec cache clear` empties it). Off: nothing is read or written.",
         config=(bool,),
     ),
     Option(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import ExitStack
 from dataclasses import replace
@@ -12,13 +13,19 @@ from .backend.native import Context, Model
 from .engine import costmodel
 from .engine.auto import AutoDrafter
 from .engine.drafters import Drafter, ModelDrafter, NoDrafter
+from .engine.corpus import Corpus
 from .engine.lookup import LookupDrafter
+from .hints import hints_in, renames_in
+from . import lookup_cache
 from .engine.events import Event
 from .engine.kv import Sequence
 from .engine.speculative import Settings, generate
 from .errors import SpecdecError, UsageError
 from . import options
 from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
+
+
+CACHED = Corpus([])  # Session.generate's default corpus: the lookup cache (a marker, never searched)
 
 
 def available_memory() -> int | None:
@@ -69,6 +76,8 @@ class Session:
         draft = cfg.draft and cfg.drafter != "none"
         self.draft = stack.enter_context(Model(cfg.draft, devices=local)) if draft else None
         self._costs: costmodel.Costs | None = None
+        self._corpus: Corpus | None = None
+        self._lookup_sources: tuple[str, Corpus | None] = ("", None)
         # Speculation rolls both caches back after every rejection; plain decoding never does.
         for role, m in (("target", self.target), ("draft", self.draft)):
             problem = m is not None and cfg.drafter != "none" and m.rollback_problem()
@@ -139,10 +148,16 @@ class Session:
             )
         return tokens
 
-    def generate(self, tokens: list[int], drafter: str | None = None, **overrides) -> Iterator[Event]:
+    def generate(
+        self, tokens: list[int], drafter: str | None = None, *, instruction: str = "", corpus: Corpus | None = CACHED,
+        **overrides,
+    ) -> Iterator[Event]:  # fmt: skip
         """Run the engine on prompt tokens. `drafter` overrides the configured one ("none" decodes
         target-only even with a draft loaded: like-for-like baselines); `overrides` replace RunConfig's
-        draft_tokens (None = auto) and branches, or Settings fields (benchmarks sweep k and branches)."""
+        draft_tokens (None = auto) and branches, or Settings fields (benchmarks sweep k and branches).
+        Lookup's sources: `instruction`, the user's prompt (the names it mentions are where the answer
+        edits), and `corpus`, earlier answers: the lookup cache unless given (the bench brings its own)."""
+        self._lookup_sources = (instruction, self.lookup_corpus() if corpus is CACHED else corpus)
         k = overrides.pop("draft_tokens", self.cfg.draft_tokens)
         branches = overrides.pop("branches", self.cfg.branches)
         settings = Settings(
@@ -176,9 +191,39 @@ class Session:
             return LookupDrafter()
         # auto, or -k auto for one drafter: the cost model chooses every round (and may decode plainly).
         return AutoDrafter(
-            self.costs(tokens), LookupDrafter() if name in ("auto", "lookup") else None,
-            model if name in ("auto", "model") else None,
+            self.costs(tokens), self._lookup() if name in ("auto", "lookup") else None,
+            model if name in ("auto", "model") else None, MAX_BRANCHES,
         )  # fmt: skip
+
+    def _lookup(self) -> LookupDrafter:
+        instruction, corpus = self._lookup_sources
+        tokens = functools.partial(self.target.tokenize, special=False)
+        hints = tuple(tuple(tokens(space + name)) for name in hints_in(instruction) for space in ("", " "))
+        renames = tuple(
+            (tuple(tokens(space + old)), tuple(tokens(space + new)))
+            for old, new in renames_in(instruction) for space in ("", " ")
+        )  # fmt: skip
+        return LookupDrafter(corpus=corpus, hints=hints, newline=self._newline, renames=renames)
+
+    def _newline(self, token: int) -> bool:
+        return b"\n" in self.target.piece(token)
+
+    def lookup_corpus(self) -> Corpus | None:
+        """The lookup cache's answers for this target's vocabulary, loaded once per session (None: off)."""
+        if not self.cfg.lookup_cache or self.cfg.drafter not in ("auto", "lookup"):
+            return None
+        if self._corpus is None:
+            self._corpus = Corpus(lookup_cache.load(self.vocab_key, self.warnings.append))
+        return self._corpus
+
+    @functools.cached_property
+    def vocab_key(self) -> str:
+        return vocab.fingerprint(self.target)
+
+    def remember(self, answer: list[int]) -> None:
+        """Keep an answer in the lookup cache for later runs (with the cache on, and lookup in use)."""
+        if self.cfg.lookup_cache and self.cfg.drafter in ("auto", "lookup"):
+            lookup_cache.save(self.vocab_key, answer)
 
     def costs(self, tokens: list[int], measured: costmodel.Costs | None = None) -> costmodel.Costs:
         """This machine's costs, measured once per session and refined as auto runs: quickly (about a

@@ -18,6 +18,14 @@ from specdec_cli.engine.stats import Stats, collect  # noqa: E402
 from specdec_cli.session import RunConfig, open_session  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def own_lookup_cache(tmp_path, monkeypatch) -> Path:
+    """Every test its own lookup cache: runs must not draft from the user's answers or another test's."""
+    folder = tmp_path / "lookup-cache"
+    monkeypatch.setenv("SPECDEC_LOOKUP_CACHE", str(folder))
+    return folder
+
+
 def gguf(model: KnownModel, tmp_path_factory) -> Path:
     """The model's GGUF: the user's assembled copy if there is one, else assembled into a temp dir."""
     st = store.status(model)

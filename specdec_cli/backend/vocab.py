@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import llama_cpp.llama_cpp as L
 
 from .native import Model
 
 MAX_SIZE_DIFFERENCE = 128  # Qwen pads its vocabularies to different sizes across model sizes
+FINGERPRINT_STRIDE = 61
 FIRST_CHECKED_ID = 5  # the first ids are control tokens that families number differently
 
 VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo2"}
@@ -34,3 +37,16 @@ def incompatibility(target: Model, draft: Model) -> str | None:
         if a != b:
             return f"token {i} differs: target {a!r}, draft {b!r}"
     return None
+
+
+def fingerprint(model: Model) -> str:
+    """A short name for the model's vocabulary: the same for every model whose token ids mean the same
+    (all sizes of a family), different otherwise. Keys the lookup cache. Every FINGERPRINT_STRIDE-th
+    token and the last ones (where families add their control tokens) stand for the whole: reading all
+    150k texts through ctypes takes ~0.2 s, this ~5 ms, and vocabularies that differ, differ throughout."""
+    v, n = model.vocab, model.n_vocab
+    h = hashlib.sha1(f"{L.llama_vocab_type(v)}:{n}".encode())
+    for i in [*range(0, n, FINGERPRINT_STRIDE), *range(max(n - 512, 0), n)]:
+        h.update(L.llama_vocab_get_text(v, i) or b"")
+        h.update(b"\0")
+    return h.hexdigest()[:16]

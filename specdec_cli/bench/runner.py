@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
+
+from ..engine.corpus import Corpus
 from ..engine.sampling import Sampler
 from ..engine.events import Notice
 from ..engine.stats import Stats, collect
@@ -86,32 +89,41 @@ def sweep(
     (a draft model that stopped drafting: its rows then decode plainly). `sessions` holds a session per
     mode the configurations use (exact or not): exact rows are compared with the exact baseline, and
     with the fast one too when it runs (exact mode's cost, side by side)."""
-    encoded = [next(iter(sessions.values())).prompt_tokens(p.text) for p in prompts]
+    first = next(iter(sessions.values()))
+    encoded = [first.prompt_tokens(p.text) for p in prompts]
 
-    def generate(config: Config, i: int) -> Run:
+    def generate(config: Config, i: int, corpus: Corpus | None = None) -> Run:
         s = Sampler(config.temp, sampler.top_k, sampler.top_p, sampler.min_p)
         events = sessions[config.exact].generate(
             encoded[i], drafter=config.drafter, draft_tokens=config.draft_tokens, branches=config.branches,
-            max_tokens=max_tokens, sampler=s, seed=seed + i,
+            max_tokens=max_tokens, sampler=s, seed=seed + i, instruction=prompts[i].text, corpus=corpus,
         )  # fmt: skip
         result = collect(events, lambda e: notice(e.message) if isinstance(e, Notice) else None)
         tick()
         return Run(result.stats, result.tokens)
 
     for config in configs:
-        generate(config, 0)  # warm-up: caches, page faults, CPU clocks
+        # The lookup cache as a script running these prompts in order would build it: prompt i drafts from
+        # this configuration's answers to the prompts before it. Never the user's cache (a bench must not
+        # depend on what ran before it), never a prompt's own earlier answer.
+        cached = first.cfg.lookup_cache and config.drafter in ("auto", "lookup") and config.draft_tokens is None
+        answers: list[np.ndarray] = []
+        generate(config, 0, Corpus([]) if cached else None)  # warm-up: caches, page faults, CPU clocks
         base_config = Config("none", 0, config.temp, exact=config.exact)
         fast_config = Config("none", 0, config.temp) if config.exact and False in sessions else None
         mine, theirs, fast = [], [], []
         for i in range(len(prompts)):
             tries, base_tries, fast_tries = [], [], []
+            corpus = Corpus(answers) if cached else None
             for _ in range(runs):
-                tries.append(generate(config, i))
+                tries.append(generate(config, i, corpus))
                 if not config.is_baseline:
                     base_tries.append(generate(base_config, i))
                 if fast_config:
                     fast_tries.append(generate(fast_config, i))
             mine.append(_median(tries))
+            if cached:
+                answers.append(np.asarray(tries[0].tokens))
             theirs.append(_median(base_tries) if base_tries else mine[-1])
             fast += [_median(fast_tries)] if fast_tries else []
         yield RowResult(config, mine, theirs, fast or None)

@@ -15,16 +15,28 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .costmodel import Costs, best_length, expected_tokens
+from .costmodel import Costs, best_length, best_tree, expected_tokens
 from .drafters import EMPTY, Draft, Drafter, ModelDrafter, Outcome
-from .lookup import LookupDrafter
+from .lookup import Candidate, LookupDrafter
 from .sampling import Sampler
-from .tree import Tree
+from .tree import CHAIN, Tree
 
 # Per-token acceptance priors, by bucket. Two pseudo-observations each: a handful of rounds outweigh them.
 PRIOR_STRENGTH = 2.0
 LOOKUP_EDGES = (1, 2, 3, 4, 5, 7, 9, 13, 17, 33)  # match-length buckets: [1], [2], ..., [17, 32], [33, ...)
 LOOKUP_PRIOR = (0.2, 0.35, 0.45, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85)  # longer matches copy more reliably
+# The other candidates (lookup.Candidate.source), same buckets: another occurrence is the copy's runner-up;
+# an edited line's next source line is about even; an earlier answer needs a long match to be trusted (a
+# run whose requests do not repeat must not pay for the cache: it drafts from it only once it has been right).
+SOURCE_PRIORS = {
+    "copy": LOOKUP_PRIOR,
+    "line-copy": (0.5, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85, 0.85, 0.9, 0.9),
+    "other": (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55),
+    "line": (0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85),
+    "cache": (0.05, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.45, 0.55, 0.65),
+}
+SURE = 0.9  # the target's probability of its own last token above which lookup's chances are learned apart
+HOT_PRIOR = 0.3  # a token at a likely edit point (lookup.Candidate.hot)
 CONFIDENCE_EDGES = tuple(i / 10 for i in range(10))  # the draft's probability of its token, in tenths
 MODEL_PRIOR = 0.7  # a same-family draft is accepted ~70-90% of the time; explored optimistically (upper bound)
 
@@ -75,15 +87,26 @@ class AutoDrafter(Drafter):
     """Chooses, every round, between plain decoding and the drafters it was given."""
 
     name = "auto"
+    wants_confidence = True
 
-    def __init__(self, costs: Costs, lookup: LookupDrafter | None, model: ModelDrafter | None):
+    def __init__(
+        self, costs: Costs, lookup: LookupDrafter | None, model: ModelDrafter | None, max_branches: int = 1
+    ):  # fmt: skip
         self.costs = costs
         self.lookup = lookup
         self.model = model
-        self.lookup_accept = Buckets(LOOKUP_EDGES, LOOKUP_PRIOR)
+        self.max_branches = max_branches  # a lookup tree's leaves: one target sequence each
+        # Per source, and per the target's confidence in its last token: where it hesitated, the answer is
+        # choosing its words (prose, an edit) and copies less; where it was sure, it is most likely copying.
+        self.source_accept = {
+            (source, sure): Buckets(LOOKUP_EDGES, prior) for source, prior in SOURCE_PRIORS.items() for sure in (0, 1)
+        }
+        self.lookup_accept = self.source_accept["copy", 1]
+        self._sure = 1  # the target's confidence in the last token it gave was >= SURE
+        self.hot_rate = Rate(HOT_PRIOR * PRIOR_STRENGTH)
+        self._candidates: list[Candidate] = []  # lookup's offer this round: every one learns from its outcome
         self.model_accept = Buckets(CONFIDENCE_EDGES, tuple(e + 0.05 for e in CONFIDENCE_EDGES))  # calibrated
         self.model_rate = Rate()
-        self._shadow: tuple[int, int] | None = None  # (match length, lookup's first token) when lookup sat out
         self._decodes = 0  # draft decodes in the last model round, for its cost per token
 
     def prefill(self, tokens: list[int]) -> None:
@@ -97,17 +120,19 @@ class AutoDrafter(Drafter):
 
     def _choose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
         best_rate, choice = 1.0 / self.costs.plain, "none"
-        self._shadow = None
-        if self.lookup is not None and k > 0:
-            length, cont = self.lookup.continuation(committed, k)
-            if cont:
-                # Token i+1 of the continuation is right if the match, by then L + i tokens long, holds on.
-                accept = [self.lookup_accept.mean(length + i) for i in range(len(cont))]
-                k_look, rate, e = best_length(accept, self.costs)
-                self._shadow = (length, cont[0])
-                if k_look and rate > best_rate:
-                    best_rate, choice = rate, "lookup"
-                    lookup_draft = Draft(cont[:k_look], None, source="lookup", k=k_look, predicted=e, match=length)
+        self._candidates = self.lookup.candidates(committed, k) if self.lookup is not None and k > 0 else []
+        if self._candidates:
+            # Every candidate a node of one tree, as wide as this machine's cost curve says pays (k nodes at
+            # most: the engine's k already fits the context, the batch and the token budget).
+            scored = [(c.tokens, self._chances(c)) for c in self._candidates]
+            tokens, parents, e, rate = best_tree(scored, self.costs, k, self.max_branches, k)
+            if tokens and rate > best_rate:
+                best_rate, choice = rate, "lookup"
+                shape = Tree.of(parents) if len(set(parents)) < len(parents) else CHAIN
+                depth = shape.depth() if isinstance(shape, Tree) else len(tokens)
+                lookup_draft = Draft(
+                    tokens, None, source="lookup", k=depth, predicted=e, match=self._candidates[0].match, shape=shape
+                )
         if self.model is not None and not self.model.failed and k > 0:
             a = self.model_rate.upper
             catch_up = self.costs.catch_up(self.model.lag(committed))
@@ -116,9 +141,14 @@ class AutoDrafter(Drafter):
             if k_model and rate > best_rate:
                 return self._draft_model(committed, k, sampler, rng, catch_up, rate)
         if choice == "lookup":
-            self._shadow = None
             return lookup_draft
         return replace(EMPTY, predicted=1.0)
+
+    def _chances(self, c: Candidate) -> list[float]:
+        """Token i of a candidate is right if its match, by then match + i tokens long, holds on; at a
+        likely edit point, with the chance learned for those."""
+        buckets = self.source_accept[c.source, self._sure]
+        return [self.hot_rate.mean if i == c.hot else buckets.mean(c.match + i) for i in range(len(c.tokens))]
 
     def _model_cost(self, k: int, catch_up: float) -> np.ndarray:
         """Seconds to draft 1..k tokens with the model: k decodes, the first one also feeding the gap."""
@@ -178,14 +208,19 @@ class AutoDrafter(Drafter):
     def observe(self, draft: Draft, outcome: Outcome) -> None:
         n, path = len(draft.tokens), outcome.path
         self.costs.observe_verify(n + 1, outcome.verify_seconds)
-        first = draft.tokens[path[0]] if path else outcome.token  # the round's first new token
-        if draft.source == "lookup":
-            for i in range(min(outcome.accepted + 1, n)):  # every token up to and including the first rejected one
-                self.lookup_accept.observe(draft.match + i, i < outcome.accepted)
-        elif self._shadow is not None:
-            # Lookup sat out, but its first token is checked for free: the target's token is the verdict.
-            length, guess = self._shadow
-            self.lookup_accept.observe(length, first == guess)
+        # Every candidate lookup offered learns from the text the round produced, drafted or not: the
+        # target's tokens are the verdict on each one's tokens up to and including its first wrong one.
+        produced = [*(draft.tokens[i] for i in path), outcome.token]
+        for c in self._candidates:
+            right = 0
+            while right < min(len(c.tokens), len(produced)) and c.tokens[right] == produced[right]:
+                right += 1
+            for i in range(min(right + 1, len(c.tokens), len(produced))):
+                if i == c.hot:
+                    self.hot_rate.observe(i < right)
+                else:
+                    self.source_accept[c.source, self._sure].observe(c.match + i, i < right)
+        self._sure = int(outcome.confidence is None or outcome.confidence >= SURE)
         if draft.source == "model":
             # Checked: the accepted nodes, then every child of the last one (all rejected).
             rejected = draft.shape.children(path[-1] if path else -1, n)

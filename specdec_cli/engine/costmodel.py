@@ -209,3 +209,65 @@ def _timed(run, undo) -> float:
     seconds = time.perf_counter() - t0
     undo()
     return seconds
+
+
+def best_tree(
+    candidates: Seq[tuple[Seq[int], Seq[float]]], costs: Costs, max_nodes: int, max_leaves: int, max_depth: int
+) -> tuple[list[int], list[int], float, float]:
+    """The draft tree that maximises expected tokens per second over the candidates' tokens.
+
+    candidates: (tokens, a) pairs, a[i] the chance that token i is right once tokens 0..i-1 were. They
+    are merged into a trie (shared prefixes once); where they part, their chances are exclusive (one
+    token is right), scaled to sum to at most 1. A node's reach P (its whole path right) adds P to
+    E[tokens]; taking nodes best reach first is the best tree for any node count n, and n is chosen to
+    maximise E / t(n + 1). So the cost curve decides the width: where verifying more tokens costs about
+    the same (a CPU's flat stretch, a GPU), unlikely alternatives ride along; where each token costs its
+    own, only likely ones do. Returns (tokens, parents (-1: the committed text), E, rate)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    chance: list[float] = []  # P(node right | parent right), before scaling siblings
+    children: dict[int, dict[int, int]] = {}
+    for toks, accept in candidates:
+        node = -1
+        for depth, (t, a) in enumerate(zip(toks, accept)):
+            if depth >= max_depth:
+                break
+            kids = children.setdefault(node, {})
+            if t in kids:
+                node = kids[t]
+                chance[node] = max(chance[node], float(a))
+                continue
+            kids[t] = len(tokens)
+            tokens.append(int(t))
+            parents.append(node)
+            chance.append(float(a))
+            node = len(tokens) - 1
+    reach = [0.0] * len(tokens)
+    for parent, kids in sorted(children.items()):  # parents before children: nodes are numbered in order
+        total = sum(chance[c] for c in kids.values())
+        scale = 1.0 / total if total > 1.0 else 1.0
+        for c in kids.values():
+            reach[c] = (reach[parent] if parent >= 0 else 1.0) * chance[c] * scale
+    order = sorted(range(len(tokens)), key=lambda i: (-reach[i], i))  # a parent never after its child
+    chosen: list[int] = []
+    taken: set[int] = {-1}
+    leaves: set[int] = set()
+    best = (0, 1.0, 1.0 / costs.verify(1))  # (nodes, E, rate): plain decoding
+    e = 1.0
+    for i in order:
+        if len(chosen) == max_nodes:
+            break
+        parent = parents[i]
+        if parent not in taken or (parent not in leaves and len(leaves) >= max_leaves):
+            continue  # its parent was left out, or it would be a branch with no sequence left to verify it in
+        chosen.append(i)
+        taken.add(i)
+        leaves.discard(parent)
+        leaves.add(i)
+        e += reach[i]
+        rate = e / costs.verify(len(chosen) + 1)
+        if rate > best[2]:
+            best = (len(chosen), e, rate)
+    keep = sorted(chosen[: best[0]])  # creation order: parents first
+    index = {old: new for new, old in enumerate(keep)}
+    return ([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep], best[1], best[2])

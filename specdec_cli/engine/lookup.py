@@ -14,7 +14,8 @@ is then drafted right, and the draft runs through it instead of stopping at ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
@@ -27,16 +28,21 @@ REENTRY = 16  # after leaving the source, look for the re-entry this many tokens
 MIN_COPY = 4  # a departure is an edit (worth re-entering, and learning) only after a copy this long
 PREFER_LONGER = 4  # a match elsewhere must be this much longer than the followed copy's own to win
 MAX_OLD, MAX_NEW = 4, 8  # a substitution replaces at most 4 source tokens (an identifier) with 1..8
+MAX_ALTERNATIVES = 3  # other earlier occurrences offered beside the copy: a draft tree may carry them
+MAX_LINE = 256  # an edited line's end is looked for this far into the source
 
 
-def longest_match(history: np.ndarray, max_match: int = MAX_MATCH) -> tuple[int, int]:
-    """(L, start): the longest L such that history[-L:] also occurs earlier, and where the
-    continuation after its most recent earlier occurrence starts. (0, -1) when the last token is new."""
+def occurrences(history: np.ndarray, max_match: int = MAX_MATCH, limit: int = 1) -> list[tuple[int, int]]:
+    """Up to `limit` earlier occurrences of the text's suffix as (L, start): L how long the suffix matches
+    there, start where the continuation begins. The first is the longest match (its most recent
+    occurrence); the rest, by match length then recency, each continue with a token none before did:
+    where one earlier occurrence is ambiguous, the others are the alternatives. [] when the last token is new."""
     n = len(history)
     if n < 2:
-        return 0, -1
-    # ends[j]: an earlier position whose token equals history[n-1]; extend the match backwards from all at once.
+        return []
+    # ends: earlier positions whose token equals history[n-1]; extend the match backwards from all at once.
     ends = np.flatnonzero(history[: n - 1] == history[n - 1])
+    levels = [ends] if ends.size else []
     length = 1
     while ends.size and length < min(max_match, n - 1):
         room = ends[ends >= length]  # matches that reach the start of the text cannot grow
@@ -44,9 +50,27 @@ def longest_match(history: np.ndarray, max_match: int = MAX_MATCH) -> tuple[int,
         if not longer.size:
             break
         ends, length = longer, length + 1
-    if not ends.size:
-        return 0, -1
-    return length, int(ends[-1]) + 1
+        levels.append(ends)
+    out: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    for depth in range(len(levels) - 1, -1, -1):
+        for end in levels[depth][::-1]:  # the most recent first
+            nxt = int(history[end + 1])
+            if nxt not in seen:
+                seen.add(nxt)
+                out.append((depth + 1, int(end) + 1))
+                if len(out) == limit:
+                    return out
+        if limit == 1:
+            break
+    return out
+
+
+def longest_match(history: np.ndarray, max_match: int = MAX_MATCH) -> tuple[int, int]:
+    """(L, start): the longest L such that history[-L:] also occurs earlier, and where the
+    continuation after its most recent earlier occurrence starts. (0, -1) when the last token is new."""
+    found = occurrences(history, max_match)
+    return found[0] if found else (0, -1)
 
 
 def match_before(history: np.ndarray, start: int, max_match: int = MAX_MATCH) -> int:
@@ -202,17 +226,51 @@ class Copy:
         return tokens[:k]
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One continuation lookup could draft. source: "copy" (the copy it follows, or the longest match;
+    "line-copy" when that match covers the start of the answer's current line),
+    "other" (another earlier occurrence that continues differently), "line" (after the answer ended a
+    line it rewrote, the source's next line), "cache" (an earlier answer of this model, engine/corpus.py).
+    hot: the index of its first token at a likely edit point (a name the instruction mentions, or the
+    context where the answer edited before), where it is likelier to be wrong; None if it passes none."""
+
+    tokens: list[int]
+    source: str
+    match: int
+    hot: int | None = None
+
+
 class LookupDrafter(Drafter):
     """Fixed draft length: whenever at least MIN_MATCH tokens match, propose up to k continuation tokens.
     Lossless like every drafter: the draft is a point mass (q = None) for the acceptance rule. No cache:
-    the history is the committed text itself, so nothing to prefill, roll back or check."""
+    the history is the committed text itself, so nothing to prefill, roll back or check.
+
+    For auto (`candidates`) it offers every continuation worth a node in a draft tree, each with what
+    predicts its acceptance. Signals, all free: `hints`, token sequences the instruction names (an
+    identifier to change is where the answer leaves its source); where the answer left the source before
+    (the two tokens before each departure); line structure (`newline(t)`: does token t end a line?);
+    other earlier occurrences; and `corpus`, earlier answers of the same model."""
 
     name = "lookup"
 
-    def __init__(self, min_match: int = MIN_MATCH):
+    def __init__(
+        self, min_match: int = MIN_MATCH, corpus=None, hints: tuple[tuple[int, ...], ...] = (),
+        newline: Callable[[int], bool] | None = None, renames: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (),
+    ):  # fmt: skip
         self.min_match = min_match
         self.history = History()
         self.copy = Copy()
+        for old, new in renames:  # "rename X to Y": the substitution the answer will make, known before it does
+            if old and new and old != new:
+                self.copy.subs.setdefault(old[0], {})[old] = new
+        self.corpus = corpus
+        self.hints = {hint[0]: [] for hint in hints if hint}
+        for hint in hints:
+            if hint:
+                self.hints[hint[0]].append(hint)
+        self.newline = newline
+        self.departures: set[tuple[int, int]] = set()  # (two source tokens) the answer left the source after
 
     def continuation(self, committed: list[int], k: int) -> tuple[int, list[int]]:
         """(match length, up to k tokens that followed the match)."""
@@ -228,3 +286,60 @@ class LookupDrafter(Drafter):
         if length < self.min_match:
             return Draft([], None, source=self.name, k=k)
         return Draft(tokens, None, source=self.name, k=k, match=length)
+
+    def candidates(self, committed: list[int], k: int) -> list[Candidate]:
+        """Every continuation worth drafting after `committed`, up to k tokens each, the copy first."""
+        h = self.history.sync(committed)
+        self.copy.follow(h)
+        left = self.copy.left
+        if left is not None and left[0] >= 2:
+            self.departures.add((int(h[left[0] - 2]), int(h[left[0] - 1])))
+        out: list[Candidate] = []
+        length, start = self.copy.match(h)
+        if length:
+            # A copy whose match reaches back over the start of the answer's line copies whole lines: in code
+            # that is what the answer does next far more often than a match inside a line of prose.
+            aligned = self.newline is not None and any(self.newline(int(t)) for t in h[max(len(h) - length, 0) :])
+            out.append(Candidate(self.copy.propose(h, start, k), "line-copy" if aligned else "copy", length))
+        firsts = {c.tokens[0] for c in out if c.tokens}
+        for length, begin in occurrences(h, limit=MAX_ALTERNATIVES + 1):
+            if begin != start and int(h[begin]) not in firsts and length >= MIN_MATCH:
+                firsts.add(int(h[begin]))
+                out.append(Candidate(h[begin : begin + k].tolist(), "other", length))
+        for begin in self._line_starts(h, left):
+            if int(h[begin]) not in firsts:
+                firsts.add(int(h[begin]))
+                out.append(Candidate(h[begin : begin + k].tolist(), "line", 1))
+        if self.corpus is not None:
+            length, cont = self.corpus.match(h, k)
+            if cont:
+                out.append(Candidate(cont, "cache", length))
+        return [replace(c, hot=self._hot(h, c.tokens)) for c in out if c.tokens]
+
+    def _line_starts(self, h: np.ndarray, left: tuple[int, int] | None) -> list[int]:
+        """An edited line tends to be edited whole: once the answer ends a line after leaving the source
+        (at source position left[0]), it goes on where the source's line goes on: at the line it left
+        if it left at a line's start (it inserted lines), else at the next line (it rewrote this one)."""
+        if self.newline is None or left is None or not self.newline(int(h[-1])):
+            return []
+        source, _ = left
+        out = [source] if source > 0 and self.newline(int(h[source - 1])) else []
+        for p in range(source, min(source + MAX_LINE, len(h) - 1)):
+            if self.newline(int(h[p])):
+                out.append(p + 1)
+                break
+        return [p for p in out if p < len(h) - 1]
+
+    def _hot(self, h: np.ndarray, tokens: list[int]) -> int | None:
+        """The index of the first token that starts a hint or follows a departure's context."""
+        if not self.hints and not self.departures:
+            return None
+        before = [int(h[-2]) if len(h) > 1 else -1, int(h[-1])]
+        seq = before + tokens
+        for i, t in enumerate(tokens):
+            if (seq[i], seq[i + 1]) in self.departures:
+                return i
+            for hint in self.hints.get(t, ()):
+                if tuple(tokens[i : i + len(hint)]) == hint[: len(tokens) - i]:  # (a draft may end inside it)
+                    return i
+        return None

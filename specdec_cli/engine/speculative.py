@@ -78,6 +78,9 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             rows = draft.shape.verify(target, feed, draft.tokens)  # 2. ONE target decode
             t_verify = time.perf_counter()
             path, token = _accept(rows, draft, sampler, rng, model, len(committed))  # 3. accept
+            confidence = (
+                _confidence(rows[path[-1] + 1 if path else 0], token, sampler) if drafter.wants_confidence else None
+            )
             winner = draft.shape.winner(path)
             new = [*(draft.tokens[i] for i in path), token]
             # Nothing after an end-of-generation token is output.
@@ -91,7 +94,10 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if draft.notice:
             yield Notice(message=draft.notice)
 
-        outcome = Outcome(path=path, token=token, draft_seconds=t_draft - t_round, verify_seconds=t_verify - t_draft)
+        outcome = Outcome(
+            path=path, token=token, draft_seconds=t_draft - t_round, verify_seconds=t_verify - t_draft,
+            confidence=confidence,
+        )  # fmt: skip
         drafter.observe(draft, outcome)
         if settings.debug:
             target.check(committed)
@@ -153,6 +159,14 @@ def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model,
     if q is not None and q.shape[1] != p.shape[1]:  # vocabularies may differ by padding (<= 128 ids)
         q = _fit(q, p.shape[1])
     return draft.shape.accept(p, q, draft.tokens, rng)
+
+
+def _confidence(row: np.ndarray, token: int, sampler: Sampler) -> float:
+    """The target's probability of its own token under plain softmax at the sampler's temperature (1 at
+    temperature 0): a predictor for the drafter, so top-k/top-p need not be applied twice."""
+    scale = 1.0 if sampler.greedy else 1.0 / sampler.temp
+    with np.errstate(over="ignore", invalid="ignore"):  # a sampled token far below the top: ~0, not a warning
+        return float(1.0 / np.exp((row - row[token]) * scale, dtype=np.float64).sum())
 
 
 def _fit(q: np.ndarray, n: int) -> np.ndarray:

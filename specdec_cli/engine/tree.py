@@ -74,9 +74,28 @@ class Tree:
     parents: tuple[int, ...]
     through: tuple[tuple[int, ...], ...]
 
+    @classmethod
+    def of(cls, parents: list[int]) -> Tree:
+        """The tree of these parents (each before its children), a branch per leaf in node order."""
+        leaves = sorted(set(range(len(parents))) - set(parents))
+        through: list[list[int]] = [[] for _ in parents]
+        for b, leaf in enumerate(leaves):
+            node = leaf
+            while node >= 0:
+                through[node].append(b)
+                node = parents[node]
+        return cls(tuple(parents), tuple(tuple(sorted(bs)) for bs in through))
+
     @property
     def branches(self) -> int:
         return 1 + max((max(bs) for bs in self.through if bs), default=0)
+
+    def depth(self) -> int:
+        """Nodes on the longest path from the root."""
+        depth: list[int] = []
+        for parent in self.parents:
+            depth.append(depth[parent] + 1 if parent >= 0 else 1)
+        return max(depth, default=0)
 
     def verify(self, target: Branches, feed: list[int], tokens: list[int]) -> np.ndarray:
         """ONE target decode over every branch, each in its own forked sequence, nodes in `layout` order;

@@ -1,0 +1,149 @@
+"""The lookup cache on disk: earlier answers of a target model, kept as draft sources for later runs.
+
+Scripts send similar requests again and again ("apply this change to each file"); what the target wrote
+last time is often what it writes next. Each answer is one file, `<content hash>.tok`, in a folder per
+vocabulary (token ids mean nothing under another tokenizer): written to a temporary name and renamed, so
+a reader never sees half a file, and several specdec processes can write at once without a lock (two
+writers of the same answer write the same bytes). The oldest answers go once the whole cache is over
+MAX_BYTES. A file that does not check out (a crash mid-write on a disk without atomic rename, bit rot,
+a stray file) is removed with a warning; the cache goes on without it.
+
+File: MAGIC, uint32 token count, uint32 CRC-32 of the payload, then the tokens as little-endian int32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .models.store import home
+
+MAGIC = b"SPDLK1\0\0"
+HEADER = struct.Struct("<8sII")
+MAX_BYTES = 8 << 20  # ~2M tokens over all models: a few thousand answers, loaded and indexed in ~0.1 s
+MIN_TOKENS = 16  # shorter answers ("Yes.") predict nothing worth a file
+SUFFIX = ".tok"
+
+
+def root() -> Path:
+    """$SPECDEC_LOOKUP_CACHE, else the specdec cache's lookup/ (SPECDEC_HOME moves both)."""
+    if os.environ.get("SPECDEC_LOOKUP_CACHE"):
+        return Path(os.path.expanduser(os.environ["SPECDEC_LOOKUP_CACHE"]))
+    return home() / "lookup"
+
+
+def folder(vocab_key: str) -> Path:
+    return root() / vocab_key
+
+
+def encode(tokens: list[int]) -> bytes:
+    payload = np.asarray(tokens, dtype="<i4").tobytes()
+    return HEADER.pack(MAGIC, len(tokens), zlib.crc32(payload)) + payload
+
+
+def decode(data: bytes) -> np.ndarray | None:
+    """The tokens, or None when the bytes are not a whole, intact answer file."""
+    if len(data) < HEADER.size:
+        return None
+    magic, count, crc = HEADER.unpack_from(data)
+    payload = data[HEADER.size :]
+    if magic != MAGIC or len(payload) != 4 * count or zlib.crc32(payload) != crc:
+        return None
+    return np.frombuffer(payload, dtype="<i4").astype(np.int64)
+
+
+def load(vocab_key: str, warn=lambda message: None) -> list[np.ndarray]:
+    """Every intact answer for this vocabulary, oldest first; damaged files are removed (with `warn`)."""
+    answers: list[tuple[float, np.ndarray]] = []
+    try:
+        entries = list(os.scandir(folder(vocab_key)))
+    except OSError:  # no cache yet, or not a folder we can read: run without one
+        return []
+    for entry in entries:
+        if not entry.name.endswith(SUFFIX):
+            continue
+        try:
+            with open(entry.path, "rb") as f:
+                data = f.read(MAX_BYTES + HEADER.size + 1)
+            mtime = entry.stat().st_mtime
+        except OSError:  # removed meanwhile by another process's eviction
+            continue
+        tokens = decode(data)
+        if tokens is None:
+            warn(f"lookup cache file {entry.path} is damaged; removed (the cache rebuilds as you run)")
+            _remove(Path(entry.path))
+            continue
+        answers.append((mtime, tokens))
+    answers.sort(key=lambda a: a[0])
+    return [tokens for _, tokens in answers]
+
+
+def save(vocab_key: str, tokens: list[int], max_bytes: int = MAX_BYTES) -> Path | None:
+    """Store one answer (atomically), then evict the oldest answers past `max_bytes`. None when the answer
+    is too short to keep or the cache cannot be written (a read-only home: the run is unaffected)."""
+    if len(tokens) < MIN_TOKENS:
+        return None
+    data = encode(tokens)
+    if len(data) > max_bytes:
+        return None
+    where = folder(vocab_key)
+    path = where / (hashlib.sha1(data).hexdigest()[:20] + SUFFIX)
+    tmp = where / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # the same answer again: same name, same bytes, and its age starts over
+    except OSError:
+        _remove(tmp)
+        return None
+    evict(max_bytes)
+    return path
+
+
+def evict(max_bytes: int = MAX_BYTES) -> None:
+    """Remove the oldest answers, over every vocabulary, until the cache holds at most max_bytes."""
+    files = []
+    for path in root().glob(f"*/*{SUFFIX}"):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        files.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files, key=lambda f: f[0]):
+        if total <= max_bytes:
+            break
+        _remove(path)
+        total -= size
+
+
+def usage() -> tuple[int, int]:
+    """(answers, bytes) in the whole cache."""
+    sizes = []
+    for path in root().glob(f"*/*{SUFFIX}"):
+        try:
+            sizes.append(path.stat().st_size)
+        except OSError:
+            continue
+    return len(sizes), sum(sizes)
+
+
+def clear() -> tuple[int, int]:
+    """Remove the whole lookup cache; (answers, bytes) it held."""
+    answers, size = usage()
+    shutil.rmtree(root(), ignore_errors=True)
+    return answers, size
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:  # already gone (another process evicted it), or not ours to remove
+        pass
