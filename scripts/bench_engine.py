@@ -7,6 +7,15 @@ own `llama-speculative-simple` on the same prompt and settings (runs interleaved
 
 Overhead = generation time not spent inside llama_decode, per round: sampling, acceptance,
 bookkeeping and rollback. Build llama-speculative-simple yourself (see README, "Performance").
+
+Peers on a prompt file: specdec's lookup (`auto`, and `lookup -k auto` without a draft) beside
+llama.cpp's n-gram drafters (`--spec-type ngram-simple`, `ngram-map-k`, `ngram-mod`, their default
+settings, the target alone), every prompt's runs interleaved, with specdec's target-only run as the
+common baseline:
+
+    python scripts/bench_engine.py --target T.gguf --draft D.gguf -n 256 -t 2 --runs 1 \
+        --prompts scripts/edit-set.jsonl --peers ngram-simple,ngram-map-k,ngram-mod \
+        --llama-speculative-simple /path/to/llama-speculative-simple [--json out.json]
 """
 
 from __future__ import annotations
@@ -44,10 +53,12 @@ def run_specdec(session, tokens: list[int], ctxs) -> dict:
     }
 
 
-def run_llama_cpp(binary: str, cfg: RunConfig, prompt_file: str) -> dict:
+def run_llama_cpp(binary: str, cfg: RunConfig, prompt_file: str, spec_type: str | None = None) -> dict:
     cmd = [binary, "-m", str(cfg.target), "--temp", "0", "-t", str(cfg.threads), "-c", str(cfg.ctx_size),
            "-n", str(cfg.max_tokens), "-f", prompt_file]  # fmt: skip
-    if cfg.drafter == "model":
+    if spec_type:
+        cmd += ["--spec-type", spec_type]
+    elif cfg.drafter == "model":
         cmd += ["-md", str(cfg.draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(cfg.draft_tokens),
                 "-td", str(cfg.threads)]  # fmt: skip
     log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
@@ -56,6 +67,51 @@ def run_llama_cpp(binary: str, cfg: RunConfig, prompt_file: str) -> dict:
     if not m:
         sys.exit(f"could not read llama.cpp's timing from its log:\n{log[-2000:]}")
     return {"tokens_per_second": int(m[1]) / float(m[2]), "accept_rate": float(acc[1]) / 100 if acc else None}
+
+
+def peers(args, cfg: RunConfig) -> None:
+    """Every prompt of a file: specdec none / auto / lookup beside llama.cpp's n-gram drafters."""
+    import json
+
+    prompts = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    mine = ["none", "auto", "lookup"] if cfg.draft else ["none", "lookup"]
+    theirs = [t for t in args.peers.split(",") if t]
+    names = mine + theirs
+    results: dict[str, list[list[float]]] = {n: [[] for _ in prompts] for n in names}
+    with open_session(cfg) as session, tempfile.TemporaryDirectory() as tmp:
+        files, encoded = [], []
+        for i, p in enumerate(prompts):
+            text = session.target.apply_chat_template([("user", p["prompt"])])
+            files.append(Path(tmp) / f"{i}.txt")
+            files[-1].write_text(text)
+            encoded.append(session.target.tokenize(text, special=True))
+        collect(session.generate(encoded[0], drafter="none"))  # warm-up: page in the weights
+        for _ in range(args.runs):
+            for i, p in enumerate(prompts):  # interleaved: every method on a prompt, then the next prompt
+                for name in mine:
+                    events = session.generate(
+                        encoded[i], drafter=name, draft_tokens=None, instruction=p["prompt"], corpus=None
+                    )
+                    results[name][i].append(collect(events).stats.tokens_per_second)
+                for spec in theirs:
+                    results[spec][i].append(run_llama_cpp(args.cpp, cfg, str(files[i]), spec)["tokens_per_second"])
+    med = {n: [statistics.median(r) for r in results[n]] for n in names}
+    print(f"{len(prompts)} prompts from {args.prompts}, n={cfg.max_tokens}, threads={cfg.threads}, runs={args.runs} "
+          "(medians; speed-ups over specdec target-only on the same prompt)")  # fmt: skip
+    print(f"{'prompt':24s} " + " ".join(f"{n:>13s}" for n in names[1:]))
+    for i, p in enumerate(prompts):
+        cells = " ".join(f"{med[n][i] / med['none'][i]:12.2f}x" for n in names[1:])
+        print(f"{i:2d} {p.get('category', ''):21s} {cells}")
+    summary = {n: statistics.median(med[n][i] / med["none"][i] for i in range(len(prompts))) for n in names[1:]}
+    print(f"{'median':24s} " + " ".join(f"{summary[n]:12.2f}x" for n in names[1:]))
+    if theirs:
+        best = max(theirs, key=lambda t: summary[t])
+        for name in [n for n in mine if n != "none"]:
+            ratios = [med[name][i] / max(med[t][i] for t in theirs) for i in range(len(prompts))]
+            print(f"specdec {name} / best llama.cpp n-gram drafter per prompt: median {statistics.median(ratios):.2f}x "
+                  f"(min {min(ratios):.2f}x); over the best overall ({best}): {summary[name] / summary[best]:.2f}x")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps({"prompts": prompts, "tokens_per_second": med}, indent=1))
 
 
 def main() -> None:
@@ -69,7 +125,19 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--prompt", default=DEFAULT_PROMPT)
     ap.add_argument("--llama-speculative-simple", dest="cpp")
+    ap.add_argument("--prompts", help="a prompt file (JSON Lines, as `specdec bench --prompts`): the peers mode")
+    ap.add_argument("--peers", default="", help="llama.cpp --spec-type values to run beside specdec, comma-separated")
+    ap.add_argument("--json", help="write the peers mode's medians here")
     args = ap.parse_args()
+    if args.prompts:
+        if args.peers and not args.cpp:
+            ap.error("--peers needs --llama-speculative-simple")
+        cfg = RunConfig(
+            target=Path(args.target), draft=Path(args.draft) if args.draft else None,
+            drafter="auto" if args.draft else "lookup", draft_tokens=None, max_tokens=args.n, threads=args.t,
+            ctx_size=args.c, lookup_cache=False,
+        )  # fmt: skip
+        return peers(args, cfg)
     if args.cpp and not args.draft:
         ap.error("--llama-speculative-simple needs --draft (the C++ tool always speculates)")
 

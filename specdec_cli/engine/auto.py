@@ -11,6 +11,7 @@ where the model of this machine says it pays.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,7 +31,7 @@ LOOKUP_PRIOR = (0.2, 0.35, 0.45, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85)  # longe
 # run whose requests do not repeat must not pay for the cache: it drafts from it only once it has been right).
 SOURCE_PRIORS = {
     "copy": LOOKUP_PRIOR,
-    "line-copy": (0.5, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85, 0.85, 0.9, 0.9),
+    "line-copy": (0.8, 0.85, 0.9, 0.9, 0.92, 0.92, 0.94, 0.94, 0.95, 0.95),
     "other": (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55),
     "line": (0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85),
     "cache": (0.05, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.45, 0.55, 0.65),
@@ -44,17 +45,19 @@ MODEL_PRIOR = 0.7  # a same-family draft is accepted ~70-90% of the time; explor
 class Buckets:
     """Online acceptance per bucket of a predictor (match length, confidence): Beta counts with a prior."""
 
+    # Plain lists and bisect: asked dozens of times a round (every candidate token), numpy's per-call cost
+    # would be most of the round's bookkeeping.
     def __init__(self, edges: tuple[float, ...], prior: tuple[float, ...]):
-        self.edges = np.asarray(edges, dtype=float)
-        self.hits = np.asarray(prior, dtype=float) * PRIOR_STRENGTH
-        self.total = np.full(len(prior), PRIOR_STRENGTH)
+        self.edges = list(edges)
+        self.hits = [p * PRIOR_STRENGTH for p in prior]
+        self.total = [PRIOR_STRENGTH] * len(prior)
 
     def _i(self, x: float) -> int:
-        return max(int(np.searchsorted(self.edges, x, side="right")) - 1, 0)
+        return max(bisect.bisect_right(self.edges, x) - 1, 0)
 
     def mean(self, x: float) -> float:
         i = self._i(x)
-        return float(self.hits[i] / self.total[i])
+        return self.hits[i] / self.total[i]
 
     def observe(self, x: float, accepted: bool) -> None:
         i = self._i(x)

@@ -223,6 +223,13 @@ def best_tree(
     maximise E / t(n + 1). So the cost curve decides the width: where verifying more tokens costs about
     the same (a CPU's flat stretch, a GPU), unlikely alternatives ride along; where each token costs its
     own, only likely ones do. Returns (tokens, parents (-1: the committed text), E, rate)."""
+    plain = 1.0 / costs.verify(1)
+    # Most rounds of most answers end here: n nodes give at most n times the likeliest first token's chance,
+    # and if even that cannot beat plain decoding at any n, no tree can (the trie is not built).
+    first = max((a[0] for _, a in candidates if len(a)), default=0.0)
+    n = np.arange(1, max_nodes + 1)
+    if first <= 0.0 or not ((1.0 + n * min(first, 1.0)) / costs.table[np.minimum(n, len(costs.table) - 1)] > plain).any():
+        return [], [], 1.0, plain
     tokens: list[int] = []
     parents: list[int] = []
     chance: list[float] = []  # P(node right | parent right), before scaling siblings
@@ -252,7 +259,7 @@ def best_tree(
     chosen: list[int] = []
     taken: set[int] = {-1}
     leaves: set[int] = set()
-    best = (0, 1.0, 1.0 / costs.verify(1))  # (nodes, E, rate): plain decoding
+    best = (0, 1.0, plain)  # (nodes, E, rate): plain decoding
     e = 1.0
     for i in order:
         if len(chosen) == max_nodes:
