@@ -74,7 +74,7 @@ def peers(args, cfg: RunConfig) -> None:
     import json
 
     prompts = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    mine = ["none", "auto", "lookup"] if cfg.draft else ["none", "lookup"]
+    mine = ["none"] + [m for m in args.mine.split(",") if m and (m != "auto" or cfg.draft)]
     theirs = [t for t in args.peers.split(",") if t]
     names = mine + theirs
     results: dict[str, list[list[float]]] = {n: [[] for _ in prompts] for n in names}
@@ -128,6 +128,7 @@ def main() -> None:
     ap.add_argument("--prompts", help="a prompt file (JSON Lines, as `specdec bench --prompts`): the peers mode")
     ap.add_argument("--peers", default="", help="llama.cpp --spec-type values to run beside specdec, comma-separated")
     ap.add_argument("--json", help="write the peers mode's medians here")
+    ap.add_argument("--mine", default="auto,lookup", help="specdec drafters in the peers mode (auto needs --draft)")
     args = ap.parse_args()
     if args.prompts:
         if args.peers and not args.cpp:

@@ -171,3 +171,27 @@ def test_auto_learns_lookup_apart_where_the_target_hesitated():
     unsure = auto._chances(copy)
     round_after(1.0, [])
     assert auto._chances(copy) == sure_before and unsure[0] < 0.2 < sure_before[0]
+
+
+class DraftModelStandIn:
+    """What auto asks of a draft model it never drafts with (it failed), recording rollbacks."""
+
+    failed, branches = True, 1
+
+    def __init__(self):
+        self.rollbacks: list[tuple[int, int]] = []
+
+    def take_notice(self):
+        return None
+
+    def rollback(self, n: int, winner: int = 0) -> None:
+        self.rollbacks.append((n, winner))
+
+
+def test_a_lookup_trees_winning_branch_is_not_asked_of_the_draft_models_cache():
+    """The draft model has only its main sequence: after a lookup tree won on branch 1, it rolls back as a chain."""
+    model = DraftModelStandIn()
+    auto = AutoDrafter(flat_then_rising(), LookupDrafter(), model, max_branches=8)
+    auto.propose([1, 2, 3, 7, 8, 1, 2, 3, 9, 9, 1, 2, 3], 8, GREEDY, RNG)
+    auto.rollback(14, winner=1)
+    assert model.rollbacks == [(14, 0)]

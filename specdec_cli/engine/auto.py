@@ -31,7 +31,7 @@ LOOKUP_PRIOR = (0.2, 0.35, 0.45, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85)  # longe
 # run whose requests do not repeat must not pay for the cache: it drafts from it only once it has been right).
 SOURCE_PRIORS = {
     "copy": LOOKUP_PRIOR,
-    "line-copy": (0.8, 0.85, 0.9, 0.9, 0.92, 0.92, 0.94, 0.94, 0.95, 0.95),
+    "line-copy": (0.5, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85, 0.85, 0.9, 0.9),
     "other": (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55),
     "line": (0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85),
     "cache": (0.05, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.45, 0.55, 0.65),
@@ -105,6 +105,7 @@ class AutoDrafter(Drafter):
             (source, sure): Buckets(LOOKUP_EDGES, prior) for source, prior in SOURCE_PRIORS.items() for sure in (0, 1)
         }
         self.lookup_accept = self.source_accept["copy", 1]
+        self._source = "none"  # who drafted this round
         self._sure = 1  # the target's confidence in the last token it gave was >= SURE
         self.hot_rate = Rate(HOT_PRIOR * PRIOR_STRENGTH)
         self._candidates: list[Candidate] = []  # lookup's offer this round: every one learns from its outcome
@@ -118,6 +119,7 @@ class AutoDrafter(Drafter):
 
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
         draft = self._choose(committed, k, sampler, rng)
+        self._source = draft.source
         notice = self.model.take_notice() if self.model is not None else None  # the model stopped, unasked
         return replace(draft, notice=notice) if notice else draft
 
@@ -235,7 +237,8 @@ class AutoDrafter(Drafter):
 
     def rollback(self, n: int, winner: int = 0) -> None:
         if self.model is not None:
-            self.model.rollback(n, winner)
+            # A lookup tree's branches live in the target's context only: the draft has just its main sequence.
+            self.model.rollback(n, winner if self._source == "model" else 0)
 
     def check(self, committed: list[int]) -> None:
         if self.model is not None:

@@ -228,7 +228,10 @@ def best_tree(
     # and if even that cannot beat plain decoding at any n, no tree can (the trie is not built).
     first = max((a[0] for _, a in candidates if len(a)), default=0.0)
     n = np.arange(1, max_nodes + 1)
-    if first <= 0.0 or not ((1.0 + n * min(first, 1.0)) / costs.table[np.minimum(n, len(costs.table) - 1)] > plain).any():
+    if (
+        first <= 0.0
+        or not ((1.0 + n * min(first, 1.0)) / costs.table[np.minimum(n, len(costs.table) - 1)] > plain).any()
+    ):
         return [], [], 1.0, plain
     tokens: list[int] = []
     parents: list[int] = []
