@@ -72,6 +72,7 @@ def generate(
     prompt_text = _read_prompt(prompt)
     cfg = run_config(settings, debug=debug)
     with open_session(cfg) as session:
+        session.lookup_corpus()  # read the lookup cache now: a damaged file's warning comes with the others
         for message in session.warnings:
             ui.warning(message)
         tokens = session.prompt_tokens(prompt_text)
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None, *, restore_signals: bool = True) -> int:
         ui.error(e.message, hint)
         return e.exit_code
     except _ClickUsageError as e:
+        if not e.format_message():  # a group called without a command: Click has printed its help
+            return 2
         command = e.ctx.command_path if getattr(e, "ctx", None) else "specdec"
         ui.error(e.format_message(), f"see '{command} --help'")
         return 2

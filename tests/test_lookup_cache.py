@@ -145,3 +145,19 @@ def test_generate_keeps_its_answer_and_cache_clear_removes_it(models, own_lookup
     assert r.returncode == 0 and r.stdout.startswith("removed 1 answers")
     assert lookup_cache.usage() == (0, 0)
     assert specdec("cache", "clear").stdout.startswith("removed 0 answers")  # clearing nothing is fine
+
+
+def test_a_command_group_without_a_command_prints_its_help_and_no_empty_error():
+    for group in (["cache"], ["models"], []):
+        r = specdec(*group)
+        assert r.returncode == 2 and "Usage" in r.stdout and "error" not in r.stderr, (group, r.stderr)
+
+
+def test_a_damaged_cache_file_is_one_warning_of_generate(models, own_lookup_cache):
+    args = ("generate", "--target", str(models["target"]), "--drafter", "lookup", "-n", "24", "--no-chat", PROMPT)
+    assert specdec(*args).returncode == 0
+    (damaged,) = own_lookup_cache.glob("*/*.tok")
+    damaged.write_bytes(b"garbage")
+    r = specdec(*args)
+    assert r.returncode == 0 and r.stderr.count("warning: lookup cache file") == 1 and str(damaged) in r.stderr
+    assert len(list(own_lookup_cache.glob("*/*.tok"))) == 1  # rebuilt by the run that found it damaged
