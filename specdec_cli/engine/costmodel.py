@@ -69,6 +69,10 @@ class Costs:
     def verify(self, n: int) -> float:
         return float(self.table[min(n, len(self.table)) - 1])
 
+    def verify_all(self, n: int) -> np.ndarray:
+        """t(1) .. t(n) as one array (sizes past the table cost what its last one does, as in `verify`)."""
+        return self.table[np.minimum(np.arange(n), len(self.table) - 1)]
+
     @property
     def plain(self) -> float:
         return self.verify(1)
@@ -128,7 +132,7 @@ def best_length(accept: Seq[float], costs: Costs, draft_cost: Seq[float] | float
         spend = np.arange(k_max + 1) * float(draft_cost)
     else:
         spend = np.concatenate(([0.0], np.asarray(draft_cost, dtype=float)))
-    seconds = spend + np.array([costs.verify(k + 1) for k in range(k_max + 1)])
+    seconds = spend + costs.verify_all(k_max + 1)
     rate = e / seconds
     k = int(np.argmax(rate))
     return k, float(rate[k]), float(e[k])

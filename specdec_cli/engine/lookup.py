@@ -164,10 +164,11 @@ class Copy:
         else:
             self.left, self.run = None, 0
 
-    def match(self, h: np.ndarray) -> tuple[int, int]:
+    def match(self, h: np.ndarray, longest: tuple[int, int] | None = None) -> tuple[int, int]:
         """(length, start) of the continuation to propose: the copy's own, unless a match elsewhere is
-        clearly longer. The length counts the whole copied stretch: it predicts how reliable the copy is."""
-        length, start = longest_match(h)
+        clearly longer (`longest`, the text's longest match, if already found). The length counts the
+        whole copied stretch: it predicts how reliable the copy is."""
+        length, start = longest if longest is not None else longest_match(h)
         mine, at = 0, -1
         if self.anchor is not None:  # (after a substitution no source token precedes the anchor's match)
             mine, at = max(match_before(h, self.anchor), 1), self.anchor
@@ -295,14 +296,15 @@ class LookupDrafter(Drafter):
         if left is not None and left[0] >= 2:
             self.departures.add((int(h[left[0] - 2]), int(h[left[0] - 1])))
         out: list[Candidate] = []
-        length, start = self.copy.match(h)
+        found = occurrences(h, limit=MAX_ALTERNATIVES + 1)  # one scan of the text for the copy and the others
+        length, start = self.copy.match(h, found[0] if found else (0, -1))
         if length:
             # A copy whose match reaches back over the start of the answer's line copies whole lines: in code
             # that is what the answer does next far more often than a match inside a line of prose.
             aligned = self.newline is not None and any(self.newline(int(t)) for t in h[max(len(h) - length, 0) :])
             out.append(Candidate(self.copy.propose(h, start, k), "line-copy" if aligned else "copy", length))
         firsts = {c.tokens[0] for c in out if c.tokens}
-        for length, begin in occurrences(h, limit=MAX_ALTERNATIVES + 1):
+        for length, begin in found:
             if begin != start and int(h[begin]) not in firsts and length >= MIN_MATCH:
                 firsts.add(int(h[begin]))
                 out.append(Candidate(h[begin : begin + k].tolist(), "other", length))

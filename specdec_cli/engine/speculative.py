@@ -40,6 +40,9 @@ class Settings:
     ordered_cells: bool = False
 
 
+CONFIDENCE_SPAN = 20.0  # logits further below the token's add at most exp(-20) * 150k ids < 4e-4 to the sum
+
+
 def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Settings) -> Iterator[Event]:
     """Yield Prefilled, then Token... Round per round, then Stopped. The output is what the target
     alone would produce (greedy: identical; sampling: identically distributed)."""
@@ -163,10 +166,14 @@ def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model,
 
 def _confidence(row: np.ndarray, token: int, sampler: Sampler) -> float:
     """The target's probability of its own token under plain softmax at the sampler's temperature (1 at
-    temperature 0): a predictor for the drafter, so top-k/top-p need not be applied twice."""
+    temperature 0): a predictor for the drafter, so top-k/top-p need not be applied twice. Only logits
+    within CONFIDENCE_SPAN of the token's count (the rest add < 4e-4): an exp over all ~150k would cost a
+    third of a millisecond every round, a comparison costs a tenth of that."""
     scale = 1.0 if sampler.greedy else 1.0 / sampler.temp
+    top = row[token]
+    near = row[row > top - CONFIDENCE_SPAN / scale]
     with np.errstate(over="ignore", invalid="ignore"):  # a sampled token far below the top: ~0, not a warning
-        return float(1.0 / np.exp((row - row[token]) * scale, dtype=np.float64).sum())
+        return float(1.0 / np.exp((near.astype(np.float64) - top) * scale).sum())
 
 
 def _fit(q: np.ndarray, n: int) -> np.ndarray:
