@@ -152,6 +152,22 @@ def test_siblings_share_one_chance():
 
 
 # --- the target's confidence ------------------------------------------------------------------------
+def test_sure_is_the_targets_probability_of_its_token_at_ninety_percent():
+    from specdec_cli.engine.speculative import _sure
+
+    row = np.full(1000, -5.0, dtype=np.float32)
+    row[7] = 10.0  # ~1 - 999 * e^-15: sure
+    assert _sure(row, 7, Sampler())
+    row[8] = 8.0  # e^-2 = 0.135 of the token's mass beside it: p = 0.88
+    assert not _sure(row, 7, Sampler())
+    row[8] = -5.0
+    row[:] = np.where(
+        np.arange(1000) == 7, 10.0, 2.0
+    )  # no close runner-up, but 999 * e^-8 = 0.34 of the mass in the tail
+    assert not _sure(row, 7, Sampler())
+    assert _sure(row, 7, Sampler(temp=0.5))  # sharper at a lower temperature: 999 * e^-16
+
+
 def test_auto_learns_lookup_apart_where_the_target_hesitated():
     """Rounds after tokens the target was unsure of (prose) teach auto that lookup fails there; after a
     token it was sure of (a copy), the chances stay where they were. One learner for both lost both."""
@@ -159,17 +175,15 @@ def test_auto_learns_lookup_apart_where_the_target_hesitated():
     copy = Candidate(list(range(16)), "copy", 10)
     sure_before = auto._chances(copy)
 
-    def round_after(confidence: float, offered: list[Candidate]) -> None:
+    def round_after(sure: bool, offered: list[Candidate]) -> None:
         auto._candidates = offered  # what propose offered this round; the target wrote something else
-        auto.observe(
-            Draft([], None), Outcome(path=[], token=999, draft_seconds=0, verify_seconds=0.04, confidence=confidence)
-        )
+        auto.observe(Draft([], None), Outcome(path=[], token=999, draft_seconds=0, verify_seconds=0.04, sure=sure))
 
-    round_after(0.3, [])
+    round_after(False, [])
     for _ in range(10):
-        round_after(0.3, [copy])
+        round_after(False, [copy])
     unsure = auto._chances(copy)
-    round_after(1.0, [])
+    round_after(True, [])
     assert auto._chances(copy) == sure_before and unsure[0] < 0.2 < sure_before[0]
 
 

@@ -36,7 +36,6 @@ SOURCE_PRIORS = {
     "line": (0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85),
     "cache": (0.05, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.45, 0.55, 0.65),
 }
-SURE = 0.9  # the target's probability of its own last token above which lookup's chances are learned apart
 HOT_PRIOR = 0.3  # a token at a likely edit point (lookup.Candidate.hot)
 CONFIDENCE_EDGES = tuple(i / 10 for i in range(10))  # the draft's probability of its token, in tenths
 MODEL_PRIOR = 0.7  # a same-family draft is accepted ~70-90% of the time; explored optimistically (upper bound)
@@ -90,7 +89,12 @@ class AutoDrafter(Drafter):
     """Chooses, every round, between plain decoding and the drafters it was given."""
 
     name = "auto"
-    wants_confidence = True
+
+    @property
+    def wants_confidence(self) -> bool:
+        """Only after a round in which lookup offered something: the state matters only for its chances,
+        and where it offers nothing (most of most answers) the pass over the logits is saved."""
+        return bool(self._candidates)
 
     def __init__(
         self, costs: Costs, lookup: LookupDrafter | None, model: ModelDrafter | None, max_branches: int = 1
@@ -106,7 +110,7 @@ class AutoDrafter(Drafter):
         }
         self.lookup_accept = self.source_accept["copy", 1]
         self._source = "none"  # who drafted this round
-        self._sure = 1  # the target's confidence in the last token it gave was >= SURE
+        self._sure = 1  # the target gave its last token >= 90% (Outcome.sure): lookup's chances are learned apart
         self.hot_rate = Rate(HOT_PRIOR * PRIOR_STRENGTH)
         self._candidates: list[Candidate] = []  # lookup's offer this round: every one learns from its outcome
         self.model_accept = Buckets(CONFIDENCE_EDGES, tuple(e + 0.05 for e in CONFIDENCE_EDGES))  # calibrated
@@ -225,7 +229,7 @@ class AutoDrafter(Drafter):
                     self.hot_rate.observe(i < right)
                 else:
                     self.source_accept[c.source, self._sure].observe(c.match + i, i < right)
-        self._sure = int(outcome.confidence is None or outcome.confidence >= SURE)
+        self._sure = int(outcome.sure is None or outcome.sure)
         if draft.source == "model":
             # Checked: the accepted nodes, then every child of the last one (all rejected).
             rejected = draft.shape.children(path[-1] if path else -1, n)

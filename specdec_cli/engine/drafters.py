@@ -40,7 +40,7 @@ class Outcome:
     token: int
     draft_seconds: float
     verify_seconds: float
-    confidence: float | None = None  # the target's probability of its own token (Drafter.wants_confidence)
+    sure: bool | None = None  # the target gave its own token >= 90% (speculative.SURE); if wants_confidence
 
     @property
     def accepted(self) -> int:
@@ -52,7 +52,7 @@ class Drafter:
     learner has nothing to prefill, observe, roll back or check (HF's CandidateGenerator)."""
 
     name = "none"
-    wants_confidence = False  # Outcome.confidence: a softmax over one row each round (~0.1 ms), only if asked
+    wants_confidence = False  # Outcome.sure: a pass over one logits row each round (~0.03 ms), only if asked
 
     def prefill(self, tokens: list[int]) -> None:
         """The prompt but its last token, once, before the first round."""

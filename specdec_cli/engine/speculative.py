@@ -40,7 +40,9 @@ class Settings:
     ordered_cells: bool = False
 
 
-CONFIDENCE_SPAN = 20.0  # logits further below the token's add at most exp(-20) * 150k ids < 4e-4 to the sum
+SURE = 0.9  # Outcome.sure: the target's probability of its own token was at least this
+SURE_GAP = float(np.log(SURE / (1 - SURE)))  # another logit this close holds more than 1 - SURE of the mass
+SURE_SPAN = 20.0  # logits further below the token's add at most exp(-20) * 150k ids < 4e-4 to the sum
 
 
 def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Settings) -> Iterator[Event]:
@@ -81,9 +83,7 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             rows = draft.shape.verify(target, feed, draft.tokens)  # 2. ONE target decode
             t_verify = time.perf_counter()
             path, token = _accept(rows, draft, sampler, rng, model, len(committed))  # 3. accept
-            confidence = (
-                _confidence(rows[path[-1] + 1 if path else 0], token, sampler) if drafter.wants_confidence else None
-            )
+            sure = _sure(rows[path[-1] + 1 if path else 0], token, sampler) if drafter.wants_confidence else None
             winner = draft.shape.winner(path)
             new = [*(draft.tokens[i] for i in path), token]
             # Nothing after an end-of-generation token is output.
@@ -99,7 +99,7 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
 
         outcome = Outcome(
             path=path, token=token, draft_seconds=t_draft - t_round, verify_seconds=t_verify - t_draft,
-            confidence=confidence,
+            sure=sure,
         )  # fmt: skip
         drafter.observe(draft, outcome)
         if settings.debug:
@@ -164,16 +164,19 @@ def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model,
     return draft.shape.accept(p, q, draft.tokens, rng)
 
 
-def _confidence(row: np.ndarray, token: int, sampler: Sampler) -> float:
-    """The target's probability of its own token under plain softmax at the sampler's temperature (1 at
-    temperature 0): a predictor for the drafter, so top-k/top-p need not be applied twice. Only logits
-    within CONFIDENCE_SPAN of the token's count (the rest add < 4e-4): an exp over all ~150k would cost a
-    third of a millisecond every round, a comparison costs a tenth of that."""
+def _sure(row: np.ndarray, token: int, sampler: Sampler) -> bool:
+    """Did the target give its own token a probability of at least SURE (plain softmax at the sampler's
+    temperature)? A predictor for the drafter, asked every round, so it must cost little next to a
+    decode: any other logit within ln(SURE / (1 - SURE)) of the token's means no (one comparison over the
+    row); else the probability over the logits within SURE_SPAN of it decides (the rest add < 4e-4),
+    and in that regime those are few. An exp over all ~150k logits would cost up to a millisecond."""
     scale = 1.0 if sampler.greedy else 1.0 / sampler.temp
     top = row[token]
-    near = row[row > top - CONFIDENCE_SPAN / scale]
-    with np.errstate(over="ignore", invalid="ignore"):  # a sampled token far below the top: ~0, not a warning
-        return float(1.0 / np.exp((near.astype(np.float64) - top) * scale).sum())
+    if np.count_nonzero(row >= top - SURE_GAP / scale) > 1:
+        return False
+    near = row[row > top - SURE_SPAN / scale]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(1.0 / np.exp((near.astype(np.float64) - top) * scale).sum() >= SURE)
 
 
 def _fit(q: np.ndarray, n: int) -> np.ndarray:
