@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -136,9 +135,18 @@ def usage() -> tuple[int, int]:
 
 
 def clear() -> tuple[int, int]:
-    """Remove the whole lookup cache; (answers, bytes) it held."""
+    """Remove every answer file (and a crashed writer's temporary file) and the folders left empty; (answers,
+    bytes) removed. Only what the cache writes is touched: $SPECDEC_LOOKUP_CACHE pointed at a folder of
+    other files leaves those files (and the folder) in place."""
     answers, size = usage()
-    shutil.rmtree(root(), ignore_errors=True)
+    for pattern in (f"*/*{SUFFIX}", "*/.*.tmp"):
+        for path in root().glob(pattern):
+            _remove(path)
+    for folder_ in [*root().glob("*/"), root()]:
+        try:
+            folder_.rmdir()  # only if empty
+        except OSError:
+            pass
     return answers, size
 
 

@@ -161,3 +161,16 @@ def test_a_damaged_cache_file_is_one_warning_of_generate(models, own_lookup_cach
     r = specdec(*args)
     assert r.returncode == 0 and r.stderr.count("warning: lookup cache file") == 1 and str(damaged) in r.stderr
     assert len(list(own_lookup_cache.glob("*/*.tok"))) == 1  # rebuilt by the run that found it damaged
+
+
+def test_clear_removes_only_what_the_cache_wrote(own_lookup_cache, monkeypatch, tmp_path):
+    """SPECDEC_LOOKUP_CACHE pointed at a folder of one's own files by mistake: `cache clear` keeps them."""
+    mine = tmp_path / "projects"
+    (mine / "src").mkdir(parents=True)
+    (mine / "notes.txt").write_text("keep me")
+    (mine / "src" / "main.py").write_text("keep me too")
+    monkeypatch.setenv("SPECDEC_LOOKUP_CACHE", str(mine))
+    lookup_cache.save(KEY, answer(1))
+    assert lookup_cache.clear()[0] == 1
+    assert (mine / "notes.txt").read_text() == "keep me" and (mine / "src" / "main.py").exists()
+    assert not (mine / KEY).exists() and lookup_cache.usage() == (0, 0)
