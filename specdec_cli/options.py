@@ -255,7 +255,8 @@ OPTIONS: tuple[Option, ...] = (
         type=bool,
         default=True,
         help="Lookup (auto or lookup drafter) also drafts from earlier answers of this target, kept in the specdec "
-        "cache (bounded; `specdec cache clear` empties it). Off: nothing is read or written.",
+        "cache (bounded; `specdec cache clear` empties it; in bench, a row's answers to the prompts before). "
+        "Off: nothing is read or written.",
         config=(bool,),
     ),
     Option(
