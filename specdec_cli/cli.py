@@ -20,6 +20,7 @@ from .cli_common import run_config
 from .cli_cache import app as cache_app
 from .cli_models import app as models_app
 from .cli_rpc import rpc_server
+from .cli_serve import serve
 from .session import open_session
 
 app = typer.Typer(
@@ -34,6 +35,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(cache_app, name="cache")
 app.command()(bench)
 app.command("rpc-server")(rpc_server)
+app.command()(serve)
 
 
 def _version(value: bool) -> None:

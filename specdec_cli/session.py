@@ -78,6 +78,7 @@ class Session:
         self._costs: costmodel.Costs | None = None
         self._corpus: Corpus | None = None
         self._lookup_sources: tuple[str, Corpus | None] = ("", None)
+        self._held: dict[int, Sequence] = {}  # what a run left in the caches, by role (0 target, 1 draft)
         # Speculation rolls both caches back after every rejection; plain decoding never does.
         for role, m in (("target", self.target), ("draft", self.draft)):
             problem = m is not None and cfg.drafter != "none" and m.rollback_problem()
@@ -117,10 +118,15 @@ class Session:
             raise UsageError(f"--chat: {self.target.name} has no chat template", hint="use --no-chat")
         return has if self.cfg.chat is None else self.cfg.chat
 
-    def prompt_tokens(self, prompt: str) -> list[int]:
+    def prompt_tokens(
+        self, prompt: str = "", *, messages: list[tuple[str, str]] | None = None, chat: bool | None = None
+    ) -> list[int]:
         """In chat mode the prompt (and system prompt) is text inside the template; without it, the raw
-        prompt's control-token text is parsed (a raw prompt may want them)."""
-        n_ctx, size = self.target_ctx.n_ctx, len(prompt.encode("utf-8"))
+        prompt's control-token text is parsed (a raw prompt may want them). `messages`: a whole chat, in
+        the template; `chat`: with or without the template whatever the configuration says (a server's
+        two endpoints)."""
+        text = prompt if messages is None else "".join(content for _, content in messages)
+        n_ctx, size = self.target_ctx.n_ctx, len(text.encode("utf-8"))
         # Refuse a text that cannot fit before tokenizing it: llama.cpp's tokenizers are not all linear
         # (SentencePiece's byte fallback grows its buffer one symbol at a time), and do not see Ctrl-C.
         if size > n_ctx and size > n_ctx * self.target.max_token_bytes():
@@ -129,10 +135,12 @@ class Session:
                 f"(no token of {self.target.name} is longer than {self.target.max_token_bytes()} bytes)",
                 hint="raise -c/--ctx-size or shorten the prompt",
             )
-        if self.uses_chat:
+        if messages is not None:
+            tokens = self.target.chat_tokens(messages)
+        elif self.uses_chat if chat is None else chat:
             messages = ([("system", self.cfg.system)] if self.cfg.system else []) + [("user", prompt)]
             tokens = self.target.chat_tokens(messages)
-        elif self.cfg.system:
+        elif self.cfg.system and chat is None:
             why = "--no-chat turns it off" if self.cfg.chat is False else f"{self.target.name} has none"
             raise UsageError(
                 f"--system needs the chat template, and {why}", hint="put the instructions into the prompt itself"
@@ -150,13 +158,15 @@ class Session:
 
     def generate(
         self, tokens: list[int], drafter: str | None = None, *, instruction: str = "", corpus: Corpus | None = CACHED,
-        **overrides,
+        reuse: bool = False, **overrides,
     ) -> Iterator[Event]:  # fmt: skip
         """Run the engine on prompt tokens. `drafter` overrides the configured one ("none" decodes
         target-only even with a draft loaded: like-for-like baselines); `overrides` replace RunConfig's
         draft_tokens (None = auto) and branches, or Settings fields (benchmarks sweep k and branches).
         Lookup's sources: `instruction`, the user's prompt (the names it mentions are where the answer
-        edits), and `corpus`, earlier answers: the lookup cache unless given (the bench brings its own)."""
+        edits), and `corpus`, earlier answers: the lookup cache unless given (the bench brings its own).
+        `reuse`: keep what both caches hold of this prompt from the run before (a server's chat turns);
+        Prefilled.cached says how much."""
         self._lookup_sources = (instruction, self.lookup_corpus() if corpus is CACHED else corpus)
         k = overrides.pop("draft_tokens", self.cfg.draft_tokens)
         branches = overrides.pop("branches", self.cfg.branches)
@@ -167,19 +177,53 @@ class Session:
         problem = options.flag_problem("draft_tokens", settings.draft_tokens)  # a sweep's k: the option's rule
         if problem:
             raise UsageError(problem)
-        return self._run(drafter or self.cfg.drafter, k, tokens, branches, settings)
+        # Exact mode's prompt normally goes through the fast kernels (every run of a prompt decodes it
+        # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in
+        # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
+        # reused prefix holds exactly the cells a cold run computes.
+        settings = replace(settings, prompt_kernels=not reuse)
+        return self._run(drafter or self.cfg.drafter, k, tokens, branches, settings, reuse)
 
-    def _run(self, name: str, k: int | None, tokens: list[int], branches: int, settings: Settings) -> Iterator[Event]:
+    def _run(
+        self, name: str, k: int | None, tokens: list[int], branches: int, settings: Settings, reuse: bool
+    ) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other.
-        yield from generate(Sequence.empty(self.target_ctx), self._drafter(name, k, tokens, branches), tokens, settings)
+        drafter = self._drafter(name, k, tokens, branches, reuse)  # (measuring costs clears the caches: first)
+        main = self._sequence(self.target_ctx, 0, tokens, reuse)
+        held, self._held = self._held, {}  # a run that fails leaves caches that nobody may trust
+        try:
+            yield from generate(main, drafter, tokens, settings)
+        except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole
+            self._held = {**held, 0: main}
+            raise
+        self._held = {**held, 0: main}
 
-    def _drafter(self, name: str, k: int | None, tokens: list[int], branches: int = 1) -> Drafter:
+    def _sequence(self, ctx, role: int, tokens: list[int], reuse: bool) -> Sequence:
+        """Sequence 0 of a context: empty, or (reuse) what it held from the run before, back to the
+        longest prefix it shares with the prompt but its last token (forks dropped)."""
+        seq = self._held.get(role)
+        if not reuse or seq is None or seq.ctx is not ctx:
+            self._held.pop(role, None)
+            return Sequence.empty(ctx)
+        n = 0
+        for a, b in zip(seq.tokens, tokens[:-1]):
+            if a != b:
+                break
+            n += 1
+        for s in range(1, ctx.n_seq):
+            ctx.seq_rm(s, -1, -1)  # removing a whole sequence never fails
+        seq.rollback(n)
+        return seq
+
+    def _drafter(self, name: str, k: int | None, tokens: list[int], branches: int = 1, reuse: bool = False) -> Drafter:
         if name == "none":
             return NoDrafter()
+        costs = self.costs(tokens) if name == "auto" or k is None else None
         model = None
         if self.draft_ctx is not None:
-            draft_seq = Sequence.empty(self.draft_ctx)
+            draft_seq = self._sequence(self.draft_ctx, 1, tokens, reuse)
+            self._held[1] = draft_seq
             model = ModelDrafter(
                 draft_seq, self.cfg.p_min, branches, self.cfg.p_split, MAX_DRAFT_TOKENS, vocab=self.target.n_vocab
             )
@@ -191,7 +235,7 @@ class Session:
             return LookupDrafter()
         # auto, or -k auto for one drafter: the cost model chooses every round (and may decode plainly).
         return AutoDrafter(
-            self.costs(tokens), self._lookup() if name in ("auto", "lookup") else None,
+            costs, self._lookup() if name in ("auto", "lookup") else None,
             model if name in ("auto", "model") else None, MAX_BRANCHES,
         )  # fmt: skip
 
@@ -224,6 +268,7 @@ class Session:
         """Keep an answer in the lookup cache for later runs (with the cache on, and lookup in use)."""
         if self.cfg.lookup_cache and self.cfg.drafter in ("auto", "lookup"):
             lookup_cache.save(self.vocab_key, answer)
+            self._corpus = None  # a later run of this session (a server's next request) drafts from it too
 
     def costs(self, tokens: list[int], measured: costmodel.Costs | None = None) -> costmodel.Costs:
         """This machine's costs, measured once per session and refined as auto runs: quickly (about a
@@ -231,6 +276,7 @@ class Session:
         if measured is not None:
             self._costs = measured.copy(AUTO_K_MAX + 1)  # auto refines its own copy, sized for its drafts
         elif self._costs is None:
+            self._held = {}  # measuring decodes into both caches
             self._costs = costmodel.measure(self.target_ctx, self.draft_ctx, tokens, AUTO_K_MAX + 1)
         return self._costs
 

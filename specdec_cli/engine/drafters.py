@@ -55,7 +55,7 @@ class Drafter:
     wants_confidence = False  # Outcome.sure: a pass over one logits row each round (~0.03 ms), only if asked
 
     def prefill(self, tokens: list[int]) -> None:
-        """The prompt but its last token, once, before the first round."""
+        """The prompt but its last token, once, before the first round (a cache may hold a prefix of it)."""
 
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
         """Up to k tokens to follow `committed`."""
@@ -111,7 +111,7 @@ class ModelDrafter(Drafter):
 
     def prefill(self, tokens: list[int]) -> None:
         if self._readable(tokens):
-            self.seq.append(tokens)
+            self.seq.append(tokens[len(self.seq) :])  # the cache may hold a prefix already (a server's reuse)
 
     def _readable(self, tokens: list[int]) -> bool:
         """Whether the draft has every id of `tokens` (the target's vocabulary may be up to 128 ids larger:

@@ -17,6 +17,7 @@ class Origin(str, Enum):
 class Prefilled:
     prompt_tokens: int
     seconds: float
+    cached: int = 0  # of the prompt's tokens, how many the target's cache already held (a server's reuse)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ branch, each in its own forked sequence; the longest accepted branch wins and be
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -38,6 +39,9 @@ class Settings:
     # cell order): after a tree round only the accepted nodes that lie in order stay; the rest are
     # decoded again, in order, at the front of the next verify batch.
     ordered_cells: bool = False
+    # Exact mode: the prompt through the fast kernels (see Context.prompt_kernels). Off when the cache may
+    # be reused by a later prompt: then its cells must be those a lone decode computes, as every other's.
+    prompt_kernels: bool = True
 
 
 SURE = 0.9  # Outcome.sure: the target's probability of its own token was at least this
@@ -47,17 +51,18 @@ SURE_SPAN = 20.0  # logits further below the token's add at most exp(-20) * 150k
 
 def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Settings) -> Iterator[Event]:
     """Yield Prefilled, then Token... Round per round, then Stopped. The output is what the target
-    alone would produce (greedy: identical; sampling: identically distributed)."""
+    alone would produce (greedy: identical; sampling: identically distributed). `main` holds a prefix
+    of prompt[:-1] (usually nothing); the drafter's cache likewise."""
     target = Branches(main)
     model = main.ctx.model
     sampler, rng = settings.sampler, np.random.default_rng(settings.seed)
     detok = Detokenizer(model.piece)
 
-    t0 = time.perf_counter()
-    with main.ctx.prompt_kernels():  # every run of this prompt fills the cache alike
-        main.append(prompt[:-1])
+    t0, cached = time.perf_counter(), len(main)  # `main` may hold a prefix of the prompt already
+    with main.ctx.prompt_kernels() if settings.prompt_kernels else nullcontext():  # every run of it, alike
+        main.append(prompt[cached:-1])
     drafter.prefill(prompt[:-1])
-    yield Prefilled(prompt_tokens=len(prompt), seconds=time.perf_counter() - t0)
+    yield Prefilled(prompt_tokens=len(prompt), seconds=time.perf_counter() - t0, cached=cached)
 
     committed = list(prompt)
     while True:

@@ -1,0 +1,120 @@
+"""`specdec serve`: the loaded pair behind OpenAI's chat-completions and completions API."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from . import config, options, signals, ui
+from .cli_common import run_config
+from .errors import SpecdecError, UsageError
+from .serve.http import Server
+from .serve.service import Service
+from .session import open_session
+
+PORT = 8080  # llama-server's default: clients configured for it find us
+QUEUE = 16  # requests that may wait for the one generating; more get 503 with Retry-After
+API_KEY_ENV = "SPECDEC_API_KEY"  # a key in the environment stays out of `ps` and shell history
+
+
+@options.with_options(*options.BY_KEY)
+def serve(
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to listen on; anything but loopback needs --api-key."
+    ),
+    port: int = typer.Option(PORT, "-p", "--port", help="Port to listen on (0: any free one; the URL says which)."),
+    api_key: Optional[str] = typer.Option(
+        None,
+        "--api-key",
+        help=f"Require 'Authorization: Bearer KEY' on every request but /health (default: ${API_KEY_ENV}).",
+    ),
+    queue: int = typer.Option(QUEUE, "--queue", help="Requests that may wait while one generates; more get 503."),
+    pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
+    config_path: Optional[Path] = typer.Option(
+        None, "--config", help="Config file (default: $SPECDEC_CONFIG, else the user config)."
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; log every request."),
+    **settings_given: Any,
+) -> None:
+    """Serve the pair over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/models; /health."""
+    if queue < 0:
+        raise UsageError(f"--queue must be at least 0 (got {queue})")
+    if not 0 <= port < 65536:
+        raise UsageError(f"--port must be 0-65535 (got {port})")
+    api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key is empty")
+    address = _address(host)
+    settings = config.resolve(options.given(settings_given), pair, config.config_file(config_path))
+    cfg = run_config(settings, debug=debug)
+    try:  # listen before loading: a taken port fails in a second, not after the models load
+        server = Server((address, port), None, api_key, debug)
+    except OSError as e:
+        raise SpecdecError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                           hint="another server may hold the port: pick another with --port") from None  # fmt: skip
+    try:
+        with open_session(cfg) as session:
+            session.lookup_corpus()
+            for message in session.warnings:
+                ui.warning(message)
+            if cfg.drafter != "none":  # auto's cost curve, measured now rather than in the first request
+                session.costs(session.target.tokenize("Hello, world.", special=True))
+            server.service = Service(session, *_model_names(settings, cfg), queue)
+            _serve(server, host, api_key is not None, cfg)
+    finally:
+        server.close()
+
+
+def _serve(server: Server, host: str, keyed: bool, cfg) -> None:
+    bound_host, bound_port = server.server_address[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    url = f"http://{shown}:{bound_port}/v1"
+    if not ipaddress.ip_address(bound_host).is_loopback and not keyed:
+        ui.warning(
+            f"{host} is reachable from other machines and this server has no authentication: anyone who reaches it "
+            f"can use it; give --api-key KEY (or ${API_KEY_ENV})"
+        )
+    k = "auto" if cfg.draft_tokens is None else cfg.draft_tokens
+    listener = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="specdec-http", daemon=True
+    )
+    stop = threading.Event()
+    try:  # from here on a signal stops the server cleanly, wherever it lands
+        ui.note(f"serving {server.service.model} ({cfg.drafter}, k={k}) at {url}; Ctrl-C stops it")
+        print(url, flush=True)  # standard output: a script reads the address (with --port 0, the port) here
+        listener.start()
+        server.service.work(stop)  # generations run here, on the main thread, until a signal
+    except signals.INTERRUPTS:
+        ui.note("stopping: a generation in progress is cut, its caches rolled back")
+    finally:
+        stop.set()
+        if listener.is_alive():
+            server.shutdown()  # the listener's loop ends
+            listener.join()
+        server.close()
+    ui.note("stopped")
+
+
+def _address(host: str) -> str:
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        raise UsageError(
+            f"--host must be an IP address (got {host!r})",
+            hint="e.g. --host 127.0.0.1 (this machine only) or --host 0.0.0.0 (every interface)",
+        ) from None
+
+
+def _model_names(settings: dict, cfg) -> tuple[str, set[str]]:
+    """The id /v1/models shows (the target as it was named: a known model's name, else the file's stem),
+    and every name a request's `model` may use: that, the file's stem, the pair's name."""
+    ref, stem = str(settings["target"]), Path(cfg.target).stem
+    primary = stem if os.sep in ref or ref.endswith(".gguf") else ref
+    return primary, {primary, stem} | ({settings["pair"]} if settings.get("pair") else set())

@@ -1,0 +1,1 @@
+"""`specdec serve`: OpenAI-compatible HTTP in front of a Session."""

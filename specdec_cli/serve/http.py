@@ -1,0 +1,275 @@
+"""The HTTP side of `specdec serve`, on the standard library's http.server (its parser, its threads).
+
+Why not an ASGI stack (uvicorn + starlette/FastAPI + pydantic): one generation runs at a time anyway, so
+an event loop buys nothing here, and they would add five packages and ~0.3 s of imports to every start.
+http.server parses requests and headers; ThreadingHTTPServer gives each connection a thread, which
+waits its turn at the Gate. What it leaves to us is small and written once below: a body size limit,
+chunked streaming of server-sent events, and noticing a client that went away.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import json
+import select
+import socket
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .. import __version__, ui
+from . import api
+from .service import Outcome, Service
+
+MAX_BODY = 8 * 2**20  # bytes; a prompt that fits any context we allow is far smaller
+IDLE_SECONDS = 30.0  # a connection that sends nothing for this long is closed (and a slow sender's read fails)
+ROUTES = {
+    ("POST", "/v1/chat/completions"): "chat",
+    ("POST", "/v1/completions"): "completion",
+    ("GET", "/v1/models"): "models",
+    ("GET", "/health"): "health",
+}
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = False  # server_close() waits for every connection's thread: nothing is cut mid-write
+    block_on_close = True
+
+    def __init__(self, address: tuple[str, int], service: Service | None, api_key: str | None, debug: bool):
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.service = service
+        self.api_key = api_key.encode() if api_key else None
+        self.debug = debug
+        self._connections: set[socket.socket] = set()
+        super().__init__(address, Handler)
+
+    def process_request(self, request, client_address):
+        self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close(self) -> None:
+        """Stop: no new generations (the running one stops at its next token), idle connections are woken
+        from their wait for a next request, and every connection's thread is waited for."""
+        if self.service is not None:
+            self.service.gate.close()
+        for conn in list(self._connections):
+            try:
+                conn.shutdown(socket.SHUT_RD)  # a thread waiting for a request reads the end; writes still go
+            except OSError:
+                pass
+        self.server_close()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: an editor sends its requests over one connection
+    server_version = f"specdec/{__version__}"
+    timeout = IDLE_SECONDS
+    server: Server
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def log_message(self, format: str, *args) -> None:  # http.server's own lines: only with --debug
+        if self.server.debug:
+            ui.note(f"{self.address_string()} {format % args}")
+
+    def _dispatch(self, method: str) -> None:
+        t0 = time.perf_counter()
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        try:
+            route = ROUTES.get((method, path))
+            if route is None:
+                if any(p == path for _, p in ROUTES):
+                    raise api.ApiError(405, f"{method} is not allowed on {path}")
+                if path.startswith("/v1/models/"):
+                    route = "model"
+                else:
+                    raise api.ApiError(404, f"no such endpoint: {method} {path}", code="unknown_url")
+            if route != "health":
+                self._authorize()
+            if route == "health":
+                self._send_json(200, {"status": "ok"})
+            elif route == "models":
+                self._send_json(200, {"object": "list", "data": [self._model_card()]})
+            elif route == "model":
+                self.server.service.check_model(path[len("/v1/models/") :])
+                self._send_json(200, self._model_card())
+            else:
+                self._generate(route, self._body(), t0)
+        except api.ApiError as e:
+            self._fail(e)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+        except Exception as e:  # a bug: the client gets a 500 and the server keeps serving
+            ui.error(f"{method} {path}: unexpected {type(e).__name__}: {e}")
+            self._fail(api.ApiError(500, f"internal error: {type(e).__name__}"))
+
+    def _authorize(self) -> None:
+        key = self.server.api_key
+        if key is None:
+            return
+        given = self.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        # compare_digest: the time taken does not tell how much of a guessed key was right
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+            raise api.ApiError(401, "a valid API key is required: Authorization: Bearer KEY", code="invalid_api_key")
+
+    def _body(self) -> object:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True
+            raise api.ApiError(411, "send the body with a Content-Length (chunked request bodies are not accepted)")
+        length = self.headers.get("Content-Length")
+        try:
+            n = int(length)
+            if n < 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            self.close_connection = True
+            raise api.ApiError(411 if length is None else 400, "a request body needs a valid Content-Length") from None
+        if n > MAX_BODY:
+            self.close_connection = True  # its body is never read: the connection cannot carry another request
+            raise api.ApiError(413, f"the request body has {n:,} bytes; the limit is {MAX_BODY:,}")
+        raw = self.rfile.read(n)
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise api.ApiError(400, f"the body is not valid JSON: {e}") from None
+
+    def _model_card(self) -> dict:
+        return {"id": self.server.service.model, "object": "model", "created": 0, "owned_by": "specdec"}
+
+    def _generate(self, kind: str, body: object, t0: float) -> None:
+        service = self.server.service
+        req = api.parse(kind, body)
+        service.check_model(req.model)
+        tokens = service.tokens(req)
+        pieces = service.run(req, tokens, self._gone)
+        try:
+            # The first piece before any header: a refusal (queue full, bad settings) is still an HTTP status.
+            first = next(pieces, None)
+            if first is None:  # the client left while it waited
+                self.close_connection = True
+                return
+            rid, model = api.new_id(kind), service.model
+            if req.stream:
+                self._stream(req, rid, model, first, pieces)
+                return
+            text, outcome = [], None
+            for item in itertools.chain([first], pieces):
+                if isinstance(item, Outcome):
+                    outcome = item
+                else:
+                    text.append(item)
+            if outcome is None:  # the client left
+                self.close_connection = True
+                return
+            self._send_json(200, api.completion(req, rid, model, "".join(text), outcome.reason, outcome.stats,
+                                                outcome.cached))  # fmt: skip
+            self._log(req, outcome, time.perf_counter() - t0)
+        finally:
+            pieces.close()  # the generation's own finally: caches rolled back, the gate let go
+
+    def _stream(self, req: api.Request, rid: str, model: str, first, pieces) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._event(api.chunk(req, rid, model, "", first=True))
+        t0, outcome = time.perf_counter(), None
+        try:
+            for item in itertools.chain([first], pieces):
+                if isinstance(item, Outcome):
+                    outcome = item
+                else:
+                    self._event(api.chunk(req, rid, model, item))
+        except api.ApiError as e:  # the server stopping: the stream ends with the error, then [DONE]
+            self._event(e.body())
+            self._end_stream()
+            return
+        except (OSError, TimeoutError):
+            raise
+        except Exception as e:  # a bug, after the headers: the stream ends with an error object
+            ui.error(f"{req.kind} stream: unexpected {type(e).__name__}: {e}")
+            self._event(api.ApiError(500, f"internal error: {type(e).__name__}").body())
+            self._end_stream()
+            return
+        if outcome is None:  # the client left
+            self.close_connection = True
+            return
+        usage = api.usage(outcome.stats, outcome.cached)
+        extra = {"usage": usage, "speculative": outcome.stats.as_dict()}
+        self._event(api.chunk(req, rid, model, None, outcome.reason, extra=extra))
+        if req.include_usage:  # OpenAI's own shape for it: a last chunk with no choices
+            self._event({**api.chunk(req, rid, model, None), "choices": [], "usage": usage})
+        self._end_stream()
+        self._log(req, outcome, time.perf_counter() - t0)
+
+    def _event(self, obj: dict) -> None:
+        self._chunk(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
+
+    def _end_stream(self) -> None:
+        self._chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _gone(self) -> bool:
+        """The client closed its side (checked between tokens: a select and a peek, microseconds). Data
+        waiting to be read is a next request on a kept-alive connection, not a goodbye."""
+        conn = self.connection
+        try:
+            readable, _, _ = select.select([conn], [], [], 0)
+            return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    def _send_json(self, status: int, obj: dict, headers: dict | None = None) -> None:
+        data = json.dumps(obj, ensure_ascii=False).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _fail(self, e: api.ApiError) -> None:
+        headers = {"Retry-After": str(e.retry_after)} if e.retry_after else {}
+        if e.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        try:
+            self._send_json(e.status, e.body(), headers)
+        except OSError:
+            self.close_connection = True
+        if self.server.debug or e.status >= 500:
+            ui.note(f"{self.command} {self.path} {e.status} {HTTPStatus(e.status).phrase}: {e.message}")
+
+    def _log(self, req: api.Request, outcome: Outcome, seconds: float) -> None:
+        s = outcome.stats
+        ui.note(
+            f"{req.kind}: {s.prompt_tokens} prompt tokens ({outcome.cached} cached), {s.generated_tokens} tokens in "
+            f"{seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, {s.mean_accepted:.2f} per verification, {outcome.reason}"
+        )

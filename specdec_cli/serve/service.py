@@ -1,0 +1,235 @@
+"""What the server does with a request, without HTTP: one loaded pair, one generation at a time, a bounded
+queue, prefix reuse, and a stream of text pieces that stops when the client leaves or the server stops."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+from ..engine.events import Prefilled, Stopped, Token
+from ..engine.stats import Stats
+from ..errors import SpecdecError, UsageError
+from ..options import OptionError
+from ..session import Session
+from ..signals import INTERRUPTS
+from .api import ApiError, Request, StopText, api_name
+
+
+@dataclass
+class Outcome:
+    """How a generation ended: its statistics, reused prompt tokens and OpenAI's finish_reason."""
+
+    stats: Stats
+    cached: int
+    reason: str
+    ids: list[int]
+
+
+class Gate:
+    """One generation at a time on the loaded pair; at most `queue` requests wait for it, the rest get 503."""
+
+    def __init__(self, queue: int):
+        self.queue = queue
+        self.closing = False
+        self._cond = threading.Condition()
+        self._busy = False
+        self._waiting = 0
+        self._seconds = 1.0  # a running mean of how long a generation holds the gate: for Retry-After
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._cond:
+            if self._busy and self._waiting >= self.queue:
+                raise ApiError(
+                    503, f"busy: a generation is running and {self._waiting} request(s) wait (the queue holds "
+                    f"{self.queue})", code="queue_full", retry_after=self._retry_after(),
+                )  # fmt: skip
+            self._waiting += 1
+            try:
+                while self._busy and not self.closing:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            if self.closing:
+                raise ApiError(503, "the server is shutting down", code="shutting_down")
+            self._busy = True
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._seconds = 0.8 * self._seconds + 0.2 * (time.monotonic() - t0)
+                self._busy = False
+                self._cond.notify()
+
+    def _retry_after(self) -> int:
+        return max(1, round(self._seconds * (self._waiting + 1)))
+
+    def close(self) -> None:
+        """No new generations; waiting requests get 503, the one running ends at its next token."""
+        with self._cond:
+            self.closing = True
+            self._cond.notify_all()
+
+
+class Service:
+    def __init__(self, session: Session, model: str, model_ids: set[str], waiting: int):
+        self.session = session
+        self.model = model  # the id responses and /v1/models show
+        self.model_ids = model_ids  # the names a request's `model` may use
+        self.gate = Gate(waiting)
+        self._jobs: queue.Queue[Job] = queue.Queue()
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.model_ids:
+            raise ApiError(
+                404, f"the model {name!r} does not exist: this server serves {', '.join(sorted(self.model_ids))}",
+                param="model", code="model_not_found",
+            )  # fmt: skip
+
+    def tokens(self, req: Request) -> list[int]:
+        """The prompt as the target reads it: chat messages in its template (the server's --system
+        first, when the request has no system message), a completion's prompt as it is."""
+        s = self.session
+        try:
+            if req.kind == "chat":
+                if not s.uses_chat:
+                    raise ApiError(400, f"{s.target.name} has no chat template: use /v1/completions")
+                messages = req.messages
+                if s.cfg.system and not any(role == "system" for role, _ in messages):
+                    messages = [("system", s.cfg.system)] + messages
+                return s.prompt_tokens(messages=messages)
+            return s.prompt_tokens(req.prompt, chat=False)
+        except UsageError as e:
+            raise ApiError(400, e.message, param="messages" if req.kind == "chat" else "prompt",
+                           code="context_length_exceeded" if "context" in e.message else None) from None  # fmt: skip
+
+    def overrides(self, req: Request) -> dict:
+        """The request's settings over the server's, checked by the options' own rules."""
+        cfg = self.session.cfg
+        if req.exact is not None and req.exact != cfg.exact:
+            raise ApiError(
+                400, f"exact mode is chosen when the server starts (this one runs {'with' if cfg.exact else 'without'}"
+                " --exact): it changes how the target model is loaded", param="exact",
+            )  # fmt: skip
+        if req.settings.get("drafter") == "model" and self.session.draft is None:
+            raise ApiError(400, "drafter 'model' needs a draft model, and this server has none loaded", param="drafter")
+        try:
+            run = replace(cfg, **req.settings)
+        except OptionError as e:
+            raise ApiError(400, f"{api_name(e.key)} {e.rule}", param=api_name(e.key)) from None
+        except UsageError as e:
+            raise ApiError(400, e.message) from None
+        k = run.draft_tokens if "draft_tokens" in req.settings else cfg.draft_tokens
+        return dict(drafter=run.drafter, draft_tokens=k, max_tokens=run.max_tokens, sampler=run.sampler, seed=run.seed)
+
+    def run(self, req: Request, tokens: list[int], gone: Callable[[], bool]) -> Iterator[str | Outcome]:
+        """Text pieces as they are generated, then the Outcome (on the caller's thread: an HTTP
+        connection's). The generation itself runs on the thread in `work`. Holds the gate throughout;
+        stops early, rolling the caches back, when the client is `gone` or the server is closing (then
+        ApiError 503)."""
+        over = self.overrides(req)
+        with self.gate.turn():
+            job = Job(lambda cancelled: self._generate(req, tokens, over, lambda: gone() or cancelled()))
+            self._jobs.put(job)
+            try:
+                while True:
+                    item = job.out.get()
+                    if item is _END:
+                        return
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+            finally:
+                job.cancel.set()
+                job.done.wait()  # the gate opens only once the engine has let go of the caches
+
+    def work(self, stop: threading.Event) -> None:
+        """Run the generations, one at a time, on the calling thread until `stop` (the main thread:
+        llama.cpp's OpenMP threads belong to the thread that calls it, and a second team, made by a
+        connection's thread, spins against the first for the same cores: a third slower, measured).
+        A signal raised here cuts the running generation cleanly and ends the loop."""
+        try:
+            while not stop.is_set():
+                try:
+                    job = self._jobs.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                job.execute()
+        finally:
+            while True:  # whoever still waits for a generation gets its refusal
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                job.refuse(ApiError(503, "the server is shutting down", code="shutting_down"))
+
+    def _generate(self, req: Request, tokens: list[int], over: dict, stop: Callable[[], bool]):
+        over = dict(over)
+        drafter = over.pop("drafter")
+        events = self.session.generate(tokens, drafter, instruction=req.instruction, reuse=req.cache_prompt, **over)
+        stats, ids, cached, cut = Stats(), [], 0, StopText(req.stop)
+        try:
+            for event in events:
+                stats.add(event)
+                if isinstance(event, Prefilled):
+                    cached = event.cached
+                elif isinstance(event, Token):
+                    ids.append(event.id)
+                    piece = cut.push(event.text)
+                    if piece:
+                        yield piece
+                    if cut.hit:
+                        break
+                elif isinstance(event, Stopped):
+                    piece = cut.push(event.tail) + ("" if cut.hit else cut.flush())
+                    if piece:
+                        yield piece
+                if self.gate.closing:
+                    raise ApiError(503, "the server is shutting down: generation stopped", code="shutting_down")
+                if stop():
+                    return
+        except SpecdecError as e:
+            raise ApiError(500 if not isinstance(e, UsageError) else 400, e.message) from None
+        finally:
+            events.close()  # the engine's rollback, when it stopped early
+        if stats.stop_reason in ("eos", "max_tokens") and not cut.hit:
+            self.session.remember(ids)
+        yield Outcome(stats, cached, "stop" if cut.hit or stats.stop_reason == "eos" else "length", ids)
+
+
+_END = object()
+
+
+class Job:
+    """One generation handed from a connection's thread to the engine's: items flow back through `out`."""
+
+    def __init__(self, items: Callable[[Callable[[], bool]], Iterator]):
+        self.items = items
+        self.out: queue.Queue = queue.Queue()
+        self.cancel = threading.Event()  # the connection gave up: stop at the next token
+        self.done = threading.Event()
+
+    def execute(self) -> None:
+        try:
+            for item in self.items(self.cancel.is_set):
+                self.out.put(item)
+        except ApiError as e:
+            self.out.put(e)
+        except INTERRUPTS:
+            self.out.put(ApiError(503, "the server is shutting down: generation stopped", code="shutting_down"))
+            raise
+        except Exception as e:  # a bug: the connection answers 500, the server goes on
+            self.out.put(e)
+        finally:
+            self.out.put(_END)
+            self.done.set()
+
+    def refuse(self, error: ApiError) -> None:
+        self.out.put(error)
+        self.out.put(_END)
+        self.done.set()
