@@ -8,6 +8,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -287,11 +288,34 @@ def test_bad_requests_get_an_error_object_and_the_server_goes_on(smol_server):
         (s.post("/v1/nothing", good), 404, None),
         (s.raw("GET", chat), 405, None),
         (s.raw("POST", chat, b"x" * 16, {"Content-Length": str(9 * 2**20)}), 413, None),
+        (s.raw("POST", chat, b"[" * 100_000 + b"]" * 100_000), 400, None),  # nested too deeply for the parser
+        (
+            s.raw("POST", chat, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'),
+            400,
+            "temperature",
+        ),  # fmt: skip
+        (s.raw("POST", chat, rb'{"messages": [{"role": "user", "content": "a\udc80"}]}'), 400, "messages[0].content"),
+        (
+            s.raw("POST", chat, b'{"messages": [{"role": "user", "content": "\xed\xb2\x80"}]}'),
+            400,
+            "messages[0].content",
+        ),
+        (s.raw("POST", chat, b'{"messages": [{"role": "user", "content": "\xff"}]}'), 400, None),
+        (s.raw("HEAD", chat), 405, None),
     ]
     for (status, _, body), want, param in cases:
-        body = body if isinstance(body, dict) else json.loads(body)
+        body = (
+            body
+            if isinstance(body, dict)
+            else json.loads(body or b'{"error": {"message": "(HEAD)", "type": "x", "param": null}}')
+        )
         assert status == want, body
         assert body["error"]["message"] and body["error"]["type"] and body["error"]["param"] == param, body
+    # A request line http.server itself refuses still gets the error object.
+    with socket.create_connection((s.host, int(s.port)), timeout=30) as raw:
+        raw.sendall(b"GARBAGE\r\n\r\n")
+        reply = b"".join(iter(lambda: raw.recv(65536), b"")).decode()  # until the server closes it
+    assert reply.startswith("HTTP/1.") and " 400 " in reply.split("\r\n")[0] and '"error"' in reply
     long = s.post("/v1/completions", {"prompt": "word " * 3000})[2]
     assert long["error"]["code"] == "context_length_exceeded"
     status, _, body = s.post(chat, good)

@@ -157,17 +157,26 @@ def _messages(value: Any) -> list[tuple[str, str]]:
     return out
 
 
+def _text(value: str, where: str) -> str:
+    """JSON may spell a lone UTF-16 surrogate (\\udc80), which is no text: the tokenizer could not take it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"{where} is not valid Unicode text (a lone surrogate)", param=where) from None
+    return value
+
+
 def _content(value: Any, where: str) -> str:
     """A string, or a list of text parts (how newer clients send it); anything else is refused."""
     if isinstance(value, str):
-        return value
+        return _text(value, where)
     if isinstance(value, list):
         parts = []
         for part in value:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ApiError(400, f"{where}: only text parts are supported", param=where)
             parts.append(part["text"])
-        return "".join(parts)
+        return _text("".join(parts), where)
     raise ApiError(400, f"{where} must be a string or a list of text parts (got {_json_type(value)})", param=where)
 
 
@@ -176,7 +185,7 @@ def _prompt(value: Any) -> str:
         value = value[0]
     if not isinstance(value, str):
         raise ApiError(400, f"prompt must be a string (got {_json_type(value)})", param="prompt")
-    return value
+    return _text(value, "prompt")
 
 
 def _stop(value: Any) -> list[str]:
@@ -185,7 +194,7 @@ def _stop(value: Any) -> list[str]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
         raise ApiError(400, f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
-    return stops
+    return [_text(stop, "stop") for stop in stops]
 
 
 def _json_type(value: Any) -> str:

@@ -67,6 +67,7 @@ class Server(ThreadingHTTPServer):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: an editor sends its requests over one connection
+    default_request_version = "HTTP/1.0"  # an unreadable request line still gets a status line (not HTTP/0.9's none)
     server_version = f"specdec/{__version__}"
     timeout = IDLE_SECONDS
     server: Server
@@ -82,6 +83,24 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_OPTIONS(self) -> None:
+        self._dispatch("OPTIONS")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed request line, headers too long, an unknown method) in
+        OpenAI's error shape too, not its HTML page."""
+        self.close_connection = True
+        try:
+            self._send_json(code, api.ApiError(code, message or HTTPStatus(code).phrase).body())
+        except OSError:
+            pass
 
     def log_message(self, format: str, *args) -> None:  # http.server's own lines: only with --debug
         if self.server.debug:
@@ -148,6 +167,8 @@ class Handler(BaseHTTPRequestHandler):
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise api.ApiError(400, f"the body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise api.ApiError(400, "the body is nested too deeply") from None
 
     def _model_card(self) -> dict:
         return {"id": self.server.service.model, "object": "model", "created": 0, "owned_by": "specdec"}

@@ -216,6 +216,8 @@ class Job:
 
     def execute(self) -> None:
         try:
+            if self.cancel.is_set():  # its client left while it waited: nothing to generate for
+                return
             for item in self.items(self.cancel.is_set):
                 self.out.put(item)
         except ApiError as e:
