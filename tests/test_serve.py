@@ -311,6 +311,15 @@ def test_bad_requests_get_an_error_object_and_the_server_goes_on(smol_server):
         )
         assert status == want, body
         assert body["error"]["message"] and body["error"]["type"] and body["error"]["param"] == param, body
+    # A refusal before the body was read (unknown path, wrong key) must not leave the body on a kept-alive
+    # connection, to be read as the next request.
+    conn = http.client.HTTPConnection(s.host, int(s.port), timeout=30)
+    for path in ("/v1/nothing", "/v1/models/x"):
+        conn.request("POST", path, body=json.dumps(good))
+        assert conn.getresponse().read() and True
+        conn.request("GET", "/health")
+        assert json.loads(conn.getresponse().read()) == {"status": "ok"}
+    conn.close()
     # A request line http.server itself refuses still gets the error object.
     with socket.create_connection((s.host, int(s.port)), timeout=30) as raw:
         raw.sendall(b"GARBAGE\r\n\r\n")

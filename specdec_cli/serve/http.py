@@ -109,12 +109,13 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         t0 = time.perf_counter()
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        self._body_read = False
         try:
             route = ROUTES.get((method, path))
             if route is None:
                 if any(p == path for _, p in ROUTES):
                     raise api.ApiError(405, f"{method} is not allowed on {path}")
-                if path.startswith("/v1/models/"):
+                if path.startswith("/v1/models/") and method == "GET":
                     route = "model"
                 else:
                     raise api.ApiError(404, f"no such endpoint: {method} {path}", code="unknown_url")
@@ -163,6 +164,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # its body is never read: the connection cannot carry another request
             raise api.ApiError(413, f"the request body has {n:,} bytes; the limit is {MAX_BODY:,}")
         raw = self.rfile.read(n)
+        self._body_read = True
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -274,10 +276,15 @@ class Handler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
         self.wfile.flush()
 
     def _fail(self, e: api.ApiError) -> None:
+        if not getattr(self, "_body_read", True) and (
+            self.headers.get("Content-Length", "0").strip() not in ("", "0") or "Transfer-Encoding" in self.headers
+        ):
+            self.close_connection = True  # a body left unread would be taken for the next request
         headers = {"Retry-After": str(e.retry_after)} if e.retry_after else {}
         if e.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
