@@ -90,7 +90,7 @@ def _serve(server: Server, host: str, keyed: bool, cfg) -> None:
         listener.start()
         server.service.work(stop)  # generations run here, on the main thread, until a signal
     except signals.INTERRUPTS:
-        ui.note("stopping: a generation in progress is cut, its caches rolled back")
+        ui.note("stopping")
     finally:
         stop.set()
         if listener.is_alive():

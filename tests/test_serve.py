@@ -302,6 +302,16 @@ def test_bad_requests_get_an_error_object_and_the_server_goes_on(smol_server):
         ),
         (s.raw("POST", chat, b'{"messages": [{"role": "user", "content": "\xff"}]}'), 400, None),
         (s.raw("HEAD", chat), 405, None),
+        (s.post(chat, {"messages": [{"role": ["user"], "content": "hi"}]}), 400, "messages[0]"),
+        (
+            s.raw(
+                "POST", chat, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1' + b"0" * 5000 + b"}"
+            ),
+            400,
+            None,
+        ),  # fmt: skip
+        (s.post(chat, {**good, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "tools"),
+        (s.post(chat, {**good, "response_format": {"type": "json_object"}}), 400, "response_format"),
     ]
     for (status, _, body), want, param in cases:
         body = (
@@ -319,7 +329,16 @@ def test_bad_requests_get_an_error_object_and_the_server_goes_on(smol_server):
         assert conn.getresponse().read() and True
         conn.request("GET", "/health")
         assert json.loads(conn.getresponse().read()) == {"status": "ok"}
+    conn.request("GET", "/health", body=b'{"x": 1}')  # a GET's body, never read
+    assert conn.getresponse().read()
+    conn.request("GET", "/health")
+    assert json.loads(conn.getresponse().read()) == {"status": "ok"}
     conn.close()
+    with socket.create_connection((s.host, int(s.port)), timeout=30) as raw:  # two lengths: which one is meant?
+        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 14\r\n\r\n"
+                    b'{"prompt": "x"}')  # fmt: skip
+        reply = b"".join(iter(lambda: raw.recv(65536), b"")).decode()
+    assert " 400 " in reply.split("\r\n")[0] and reply.count("HTTP/1.") == 1
     # A request line http.server itself refuses still gets the error object.
     with socket.create_connection((s.host, int(s.port)), timeout=30) as raw:
         raw.sendall(b"GARBAGE\r\n\r\n")
@@ -367,21 +386,30 @@ def test_api_key_is_required_and_health_is_open(smollm2):
 
 def test_every_interface_without_a_key_warns(smollm2):
     s = Served("--target", smollm2, "--drafter", "none", "--host", "0.0.0.0")
-    assert s.stop() == 0
+    assert s.stop() == 0  # (stop always ends it, killing it if it must)
     assert "no authentication" in s.stderr and "--api-key" in s.stderr
 
 
 def test_sigterm_mid_stream_ends_the_stream_cleanly_and_exits_0(smollm2):
     s = Served("--target", smollm2, "--drafter", "none")
-    conn = http.client.HTTPConnection(s.host, int(s.port), timeout=60)
-    conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once upon a time", "max_tokens": 2000,
-                                                         "stream": True}))  # fmt: skip
-    r = conn.getresponse()
-    r.read1(100)
-    s.proc.send_signal(signal.SIGTERM)
-    rest = r.read().decode()  # the chunked stream ends properly (http.client would raise on a cut one)
+    try:
+        conn = http.client.HTTPConnection(s.host, int(s.port), timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once upon a time", "max_tokens": 2000,
+                                                             "stream": True}))  # fmt: skip
+        r = conn.getresponse()
+        r.read1(100)
+        # Requests waiting for their turn: each must get its answer (503) however the turn passes at the stop.
+        with ThreadPoolExecutor(5) as pool:
+            waiting = [pool.submit(s.post, "/v1/completions", {"prompt": f"{i}", "max_tokens": 2}) for i in range(5)]
+            time.sleep(0.5)
+            s.proc.send_signal(signal.SIGTERM)
+            rest = r.read().decode()  # the chunked stream ends properly (http.client would raise on a cut one)
+            statuses = [f.result(timeout=60)[0] for f in waiting]
+    finally:
+        code = s.stop()  # (killed if it does not end within a minute)
     assert rest.rstrip().endswith("data: [DONE]") and "shutting down" in rest
-    assert s.stop() == 0 and "stopped" in s.stderr
+    assert statuses == [503] * 5
+    assert code == 0 and "stopped" in s.stderr
 
 
 # --- the parts, without a server ---------------------------------------------------------------------

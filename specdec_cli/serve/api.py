@@ -41,6 +41,17 @@ UNSUPPORTED = {  # field: the value we can honour (anything else is refused)
 }
 
 
+NOT_DONE = {  # fields whose request would change the answer's form, which we cannot honour: refused, not ignored
+    "tools": "tool calls",
+    "tool_choice": "tool calls",
+    "functions": "function calls",
+    "function_call": "function calls",
+    "logit_bias": "logit biases",
+    "response_format": 'structured output (only {"type": "text"})',
+    "suffix": "insertion (suffix)",
+}
+
+
 class ApiError(Exception):
     """A request we refuse: an HTTP status and OpenAI's error object."""
 
@@ -93,6 +104,10 @@ def parse(kind: str, body: Any) -> Request:
         value = body.get(name)
         if value is not None and value != allowed:
             raise ApiError(400, f"{name} = {value!r} is not supported (only {allowed!r})", param=name)
+    for name, what in NOT_DONE.items():
+        value = body.get(name)
+        if value not in (None, [], {}) and not (name == "response_format" and value == {"type": "text"}):
+            raise ApiError(400, f"{name} is not supported: this server does not do {what}", param=name)
     for name, key in SETTINGS.items():
         value = body.get(name)
         if value is None:
@@ -151,7 +166,7 @@ def _messages(value: Any) -> list[tuple[str, str]]:
         if not isinstance(m, dict):
             raise ApiError(400, f"{where} must be an object (got {_json_type(m)})", param=where)
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)} (got {role!r})", param=where)
         out.append((ROLES[role], _content(m.get("content"), f"{where}.content")))
     return out

@@ -14,6 +14,7 @@ import itertools
 import json
 import select
 import socket
+import sys
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +44,13 @@ class Server(ThreadingHTTPServer):
         self.debug = debug
         self._connections: set[socket.socket] = set()
         super().__init__(address, Handler)
+
+    def handle_error(self, request, client_address) -> None:
+        """A connection's thread ended in an exception outside a request's own handling (http.server reading
+        the next request line): a client that reset its connection is no news; anything else is one line."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, (ConnectionError, TimeoutError)):
+            ui.error(f"connection from {client_address[0]}: unexpected {type(error).__name__}: {error}")
 
     def process_request(self, request, client_address):
         self._connections.add(request)
@@ -152,14 +160,13 @@ class Handler(BaseHTTPRequestHandler):
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
             raise api.ApiError(411, "send the body with a Content-Length (chunked request bodies are not accepted)")
-        length = self.headers.get("Content-Length")
-        try:
-            n = int(length)
-            if n < 0:
-                raise ValueError
-        except (TypeError, ValueError):
+        lengths = set(self.headers.get_all("Content-Length") or [])
+        length = lengths.pop().strip() if len(lengths) == 1 else None
+        if length is None or not length.isdigit():
             self.close_connection = True
-            raise api.ApiError(411 if length is None else 400, "a request body needs a valid Content-Length") from None
+            missing = not lengths and length is None
+            raise api.ApiError(411 if missing else 400, "a request body needs one valid Content-Length")
+        n = int(length)
         if n > MAX_BODY:
             self.close_connection = True  # its body is never read: the connection cannot carry another request
             raise api.ApiError(413, f"the request body has {n:,} bytes; the limit is {MAX_BODY:,}")
@@ -167,7 +174,7 @@ class Handler(BaseHTTPRequestHandler):
         self._body_read = True
         try:
             return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except ValueError as e:  # not JSON, not UTF-8/16/32, or a number past Python's 4,300-digit limit
             raise api.ApiError(400, f"the body is not valid JSON: {e}") from None
         except RecursionError:
             raise api.ApiError(400, "the body is nested too deeply") from None
@@ -267,6 +274,8 @@ class Handler(BaseHTTPRequestHandler):
             return True
 
     def _send_json(self, status: int, obj: dict, headers: dict | None = None) -> None:
+        if not getattr(self, "_body_read", True) and self._has_body():
+            self.close_connection = True  # a body left unread (a GET's, a refused POST's) would be read as a request
         data = json.dumps(obj, ensure_ascii=False).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -280,11 +289,13 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         self.wfile.flush()
 
+    def _has_body(self) -> bool:
+        headers = getattr(self, "headers", None)
+        if headers is None:
+            return False
+        return any(v.strip() != "0" for v in headers.get_all("Content-Length") or []) or "Transfer-Encoding" in headers
+
     def _fail(self, e: api.ApiError) -> None:
-        if not getattr(self, "_body_read", True) and (
-            self.headers.get("Content-Length", "0").strip() not in ("", "0") or "Transfer-Encoding" in self.headers
-        ):
-            self.close_connection = True  # a body left unread would be taken for the next request
         headers = {"Retry-After": str(e.retry_after)} if e.retry_after else {}
         if e.status == 401:
             headers["WWW-Authenticate"] = "Bearer"

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
+from .. import ui
 from ..engine.events import Prefilled, Stopped, Token
 from ..engine.stats import Stats
 from ..errors import SpecdecError, UsageError
@@ -83,6 +84,8 @@ class Service:
         self.model_ids = model_ids  # the names a request's `model` may use
         self.gate = Gate(waiting)
         self._jobs: queue.Queue[Job] = queue.Queue()
+        self._submitting = threading.Lock()  # a job is handed over, or refused once `work` has ended: never lost
+        self._closed = False
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.model_ids:
@@ -135,7 +138,7 @@ class Service:
         over = self.overrides(req)
         with self.gate.turn():
             job = Job(lambda cancelled: self._generate(req, tokens, over, lambda: gone() or cancelled()))
-            self._jobs.put(job)
+            self._submit(job)
             try:
                 while True:
                     item = job.out.get()
@@ -161,12 +164,24 @@ class Service:
                     continue
                 job.execute()
         finally:
-            while True:  # whoever still waits for a generation gets its refusal
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
+            # Close the gate before the cut generation's connection lets go of it (or a waiter would get
+            # its turn and hand over a job that nobody runs), then refuse whatever was handed over.
+            self.gate.close()
+            with self._submitting:
+                self._closed = True
+                while True:
+                    try:
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    job.refuse(ApiError(503, "the server is shutting down", code="shutting_down"))
+
+    def _submit(self, job: Job) -> None:
+        with self._submitting:
+            if self._closed:
                 job.refuse(ApiError(503, "the server is shutting down", code="shutting_down"))
+            else:
+                self._jobs.put(job)
 
     def _generate(self, req: Request, tokens: list[int], over: dict, stop: Callable[[], bool]):
         over = dict(over)
@@ -224,6 +239,7 @@ class Job:
             self.out.put(e)
         except INTERRUPTS:
             self.out.put(ApiError(503, "the server is shutting down: generation stopped", code="shutting_down"))
+            ui.note("a generation in progress was cut, its caches rolled back")
             raise
         except Exception as e:  # a bug: the connection answers 500, the server goes on
             self.out.put(e)
