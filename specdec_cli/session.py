@@ -25,6 +25,10 @@ from . import options
 from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
 
 
+class PromptTooLong(UsageError):
+    """The prompt does not fit the context (a server answers it with OpenAI's context_length_exceeded)."""
+
+
 CACHED = Corpus([])  # Session.generate's default corpus: the lookup cache (a marker, never searched)
 
 
@@ -78,7 +82,8 @@ class Session:
         self._costs: costmodel.Costs | None = None
         self._corpus: Corpus | None = None
         self._lookup_sources: tuple[str, Corpus | None] = ("", None)
-        self._held: dict[int, Sequence] = {}  # what a run left in the caches, by role (0 target, 1 draft)
+        self._held: dict[Context, Sequence] = {}  # what a finished run left in each cache (reuse)
+        self._taken: list[Sequence] = []  # the sequences the current run took out of _held
         # Speculation rolls both caches back after every rejection; plain decoding never does.
         for role, m in (("target", self.target), ("draft", self.draft)):
             problem = m is not None and cfg.drafter != "none" and m.rollback_problem()
@@ -130,7 +135,7 @@ class Session:
         # Refuse a text that cannot fit before tokenizing it: llama.cpp's tokenizers are not all linear
         # (SentencePiece's byte fallback grows its buffer one symbol at a time), and do not see Ctrl-C.
         if size > n_ctx and size > n_ctx * self.target.max_token_bytes():
-            raise UsageError(
+            raise PromptTooLong(
                 f"the prompt has {size:,} bytes, more than a context of {n_ctx:,} tokens can hold "
                 f"(no token of {self.target.name} is longer than {self.target.max_token_bytes()} bytes)",
                 hint="raise -c/--ctx-size or shorten the prompt",
@@ -150,7 +155,7 @@ class Session:
         if not tokens:
             raise UsageError("the prompt is empty")
         if len(tokens) >= self.target_ctx.n_ctx:
-            raise UsageError(
+            raise PromptTooLong(
                 f"the prompt has {len(tokens)} tokens but the context holds {self.target_ctx.n_ctx}",
                 hint="raise -c/--ctx-size or shorten the prompt",
             )
@@ -189,31 +194,29 @@ class Session:
     ) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other.
+        self._taken = []
         drafter = self._drafter(name, k, tokens, branches, reuse)  # (measuring costs clears the caches: first)
-        main = self._sequence(self.target_ctx, 0, tokens, reuse)
-        held, self._held = self._held, {}  # a run that fails leaves caches that nobody may trust
+        main = self._sequence(self.target_ctx, tokens, reuse)
         try:
             yield from generate(main, drafter, tokens, settings)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole
-            self._held = {**held, 0: main}
+            self._held.update((s.ctx, s) for s in self._taken)
             raise
-        self._held = {**held, 0: main}
+        self._held.update((s.ctx, s) for s in self._taken)  # (a run that fails leaves nothing to trust)
 
-    def _sequence(self, ctx, role: int, tokens: list[int], reuse: bool) -> Sequence:
-        """Sequence 0 of a context: empty, or (reuse) what it held from the run before, back to the
-        longest prefix it shares with the prompt but its last token (forks dropped)."""
-        seq = self._held.get(role)
-        if not reuse or seq is None or seq.ctx is not ctx:
-            self._held.pop(role, None)
-            return Sequence.empty(ctx)
-        n = 0
-        for a, b in zip(seq.tokens, tokens[:-1]):
-            if a != b:
-                break
-            n += 1
-        for s in range(1, ctx.n_seq):
-            ctx.seq_rm(s, -1, -1)  # removing a whole sequence never fails
-        seq.rollback(n)
+    def _sequence(self, ctx: Context, tokens: list[int], reuse: bool) -> Sequence:
+        """Sequence 0 of a context, out of _held for this run: empty, or (reuse) what it held after the
+        run before, back to the longest prefix it shares with the prompt but its last token (forks dropped)."""
+        seq = self._held.pop(ctx, None)
+        if reuse and seq is not None:
+            held, prompt = seq.tokens, tokens[:-1]
+            n = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt)))
+            for s in range(1, ctx.n_seq):
+                ctx.seq_rm(s, -1, -1)  # removing a whole sequence never fails
+            seq.rollback(n)
+        else:
+            seq = Sequence.empty(ctx)
+        self._taken.append(seq)
         return seq
 
     def _drafter(self, name: str, k: int | None, tokens: list[int], branches: int = 1, reuse: bool = False) -> Drafter:
@@ -222,8 +225,7 @@ class Session:
         costs = self.costs(tokens) if name == "auto" or k is None else None
         model = None
         if self.draft_ctx is not None:
-            draft_seq = self._sequence(self.draft_ctx, 1, tokens, reuse)
-            self._held[1] = draft_seq
+            draft_seq = self._sequence(self.draft_ctx, tokens, reuse)
             model = ModelDrafter(
                 draft_seq, self.cfg.p_min, branches, self.cfg.p_split, MAX_DRAFT_TOKENS, vocab=self.target.n_vocab
             )

@@ -18,7 +18,6 @@ from ..engine.stats import Stats
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-FIELD = {"temp": "temperature"}  # run option -> API field, where the names differ
 # API field -> run option, for the fields that set one (the extra body fields keep specdec's names).
 SETTINGS = {
     "max_tokens": "max_tokens",
@@ -125,8 +124,8 @@ def parse(kind: str, body: Any) -> Request:
 
 
 def api_name(key: str) -> str:
-    """The request field that sets run option `key`."""
-    return FIELD.get(key, key)
+    """The request field that sets run option `key` (the first of SETTINGS that does)."""
+    return next((name for name, option in SETTINGS.items() if option == key), key)
 
 
 def _typed(body: dict, name: str, kind: type, shown: str | None = None) -> Any:

@@ -61,7 +61,7 @@ class Server(ThreadingHTTPServer):
         super().shutdown_request(request)
 
     def close(self) -> None:
-        """Stop: no new generations (the running one stops at its next token), idle connections are woken
+        """Stop: no new generations (the running one stops after its current round), idle connections are woken
         from their wait for a next request, and every connection's thread is waited for."""
         if self.service is not None:
             self.service.gate.close()
@@ -80,27 +80,6 @@ class Handler(BaseHTTPRequestHandler):
     timeout = IDLE_SECONDS
     server: Server
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
-
-    def do_OPTIONS(self) -> None:
-        self._dispatch("OPTIONS")
-
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own refusals (a malformed request line, headers too long, an unknown method) in
         OpenAI's error shape too, not its HTML page."""
@@ -114,8 +93,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.debug:
             ui.note(f"{self.address_string()} {format % args}")
 
-    def _dispatch(self, method: str) -> None:
-        t0 = time.perf_counter()
+    def _dispatch(self) -> None:
+        """Every method: the route decides (a known path with another method is 405, not http.server's 501)."""
+        method, t0 = self.command, time.perf_counter()
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         self._body_read = False
         try:
@@ -140,11 +120,13 @@ class Handler(BaseHTTPRequestHandler):
                 self._generate(route, self._body(), t0)
         except api.ApiError as e:
             self._fail(e)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        except (ConnectionError, TimeoutError):  # the client went away or stalled
             self.close_connection = True
         except Exception as e:  # a bug: the client gets a 500 and the server keeps serving
             ui.error(f"{method} {path}: unexpected {type(e).__name__}: {e}")
             self._fail(api.ApiError(500, f"internal error: {type(e).__name__}"))
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _dispatch
 
     def _authorize(self) -> None:
         key = self.server.api_key
@@ -220,22 +202,22 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self._event(api.chunk(req, rid, model, "", first=True))
-        t0, outcome = time.perf_counter(), None
+        t0, outcome, error = time.perf_counter(), None, None
         try:
             for item in itertools.chain([first], pieces):
                 if isinstance(item, Outcome):
                     outcome = item
                 else:
                     self._event(api.chunk(req, rid, model, item))
-        except api.ApiError as e:  # the server stopping: the stream ends with the error, then [DONE]
-            self._event(e.body())
-            self._end_stream()
-            return
-        except (OSError, TimeoutError):
+        except api.ApiError as e:  # the server stopping
+            error = e
+        except OSError:  # the client's side (a closed or stalled connection): the caller's to handle
             raise
-        except Exception as e:  # a bug, after the headers: the stream ends with an error object
+        except Exception as e:  # a bug, after the headers
             ui.error(f"{req.kind} stream: unexpected {type(e).__name__}: {e}")
-            self._event(api.ApiError(500, f"internal error: {type(e).__name__}").body())
+            error = api.ApiError(500, f"internal error: {type(e).__name__}")
+        if error is not None:  # headers are out: the stream ends with the error object, then [DONE]
+            self._event(error.body())
             self._end_stream()
             return
         if outcome is None:  # the client left
@@ -262,7 +244,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _gone(self) -> bool:
-        """The client closed its side (checked between tokens: a select and a peek, microseconds). Data
+        """The client closed its side (asked once a verification: a select and a peek, microseconds). Data
         waiting to be read is a next request on a kept-alive connection, not a goodbye."""
         conn = self.connection
         try:

@@ -11,13 +11,17 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 from .. import ui
-from ..engine.events import Prefilled, Stopped, Token
+from ..engine.events import Prefilled, Round, Stopped, Token
 from ..engine.stats import Stats
 from ..errors import SpecdecError, UsageError
 from ..options import OptionError
-from ..session import Session
+from ..session import PromptTooLong, Session
 from ..signals import INTERRUPTS
 from .api import ApiError, Request, StopText, api_name
+
+
+def shutting_down(detail: str = "") -> ApiError:
+    return ApiError(503, "the server is shutting down" + detail, code="shutting_down")
 
 
 @dataclass
@@ -27,7 +31,6 @@ class Outcome:
     stats: Stats
     cached: int
     reason: str
-    ids: list[int]
 
 
 class Gate:
@@ -56,7 +59,7 @@ class Gate:
             finally:
                 self._waiting -= 1
             if self.closing:
-                raise ApiError(503, "the server is shutting down", code="shutting_down")
+                raise shutting_down()
             self._busy = True
         t0 = time.monotonic()
         try:
@@ -71,7 +74,7 @@ class Gate:
         return max(1, round(self._seconds * (self._waiting + 1)))
 
     def close(self) -> None:
-        """No new generations; waiting requests get 503, the one running ends at its next token."""
+        """No new generations; waiting requests get 503, the one running ends after its current round."""
         with self._cond:
             self.closing = True
             self._cond.notify_all()
@@ -109,7 +112,7 @@ class Service:
             return s.prompt_tokens(req.prompt, chat=False)
         except UsageError as e:
             raise ApiError(400, e.message, param="messages" if req.kind == "chat" else "prompt",
-                           code="context_length_exceeded" if "context" in e.message else None) from None  # fmt: skip
+                           code="context_length_exceeded" if isinstance(e, PromptTooLong) else None) from None  # fmt: skip
 
     def overrides(self, req: Request) -> dict:
         """The request's settings over the server's, checked by the options' own rules."""
@@ -174,19 +177,17 @@ class Service:
                         job = self._jobs.get_nowait()
                     except queue.Empty:
                         break
-                    job.refuse(ApiError(503, "the server is shutting down", code="shutting_down"))
+                    job.refuse(shutting_down())
 
     def _submit(self, job: Job) -> None:
         with self._submitting:
             if self._closed:
-                job.refuse(ApiError(503, "the server is shutting down", code="shutting_down"))
+                job.refuse(shutting_down())
             else:
                 self._jobs.put(job)
 
     def _generate(self, req: Request, tokens: list[int], over: dict, stop: Callable[[], bool]):
-        over = dict(over)
-        drafter = over.pop("drafter")
-        events = self.session.generate(tokens, drafter, instruction=req.instruction, reuse=req.cache_prompt, **over)
+        events = self.session.generate(tokens, instruction=req.instruction, reuse=req.cache_prompt, **over)
         stats, ids, cached, cut = Stats(), [], 0, StopText(req.stop)
         try:
             for event in events:
@@ -204,17 +205,18 @@ class Service:
                     piece = cut.push(event.tail) + ("" if cut.hit else cut.flush())
                     if piece:
                         yield piece
-                if self.gate.closing:
-                    raise ApiError(503, "the server is shutting down: generation stopped", code="shutting_down")
-                if stop():
-                    return
+                elif isinstance(event, Round):  # once a verification, not a token: a select costs a syscall
+                    if self.gate.closing:
+                        raise shutting_down(": generation stopped")
+                    if stop():
+                        return
         except SpecdecError as e:
             raise ApiError(500 if not isinstance(e, UsageError) else 400, e.message) from None
         finally:
             events.close()  # the engine's rollback, when it stopped early
         if stats.stop_reason in ("eos", "max_tokens") and not cut.hit:
             self.session.remember(ids)
-        yield Outcome(stats, cached, "stop" if cut.hit or stats.stop_reason == "eos" else "length", ids)
+        yield Outcome(stats, cached, "stop" if cut.hit or stats.stop_reason == "eos" else "length")
 
 
 _END = object()
@@ -226,7 +228,7 @@ class Job:
     def __init__(self, items: Callable[[Callable[[], bool]], Iterator]):
         self.items = items
         self.out: queue.Queue = queue.Queue()
-        self.cancel = threading.Event()  # the connection gave up: stop at the next token
+        self.cancel = threading.Event()  # the connection gave up: stop after the current round
         self.done = threading.Event()
 
     def execute(self) -> None:
@@ -238,7 +240,7 @@ class Job:
         except ApiError as e:
             self.out.put(e)
         except INTERRUPTS:
-            self.out.put(ApiError(503, "the server is shutting down: generation stopped", code="shutting_down"))
+            self.out.put(shutting_down(": generation stopped"))
             ui.note("a generation in progress was cut, its caches rolled back")
             raise
         except Exception as e:  # a bug: the connection answers 500, the server goes on
