@@ -85,8 +85,12 @@ def _serve(server: Server, host: str, keyed: bool, cfg) -> None:
     )
     stop = threading.Event()
     try:  # from here on a signal stops the server cleanly, wherever it lands
-        ui.note(f"serving {server.service.model} ({cfg.drafter}, k={k}) at {url}; Ctrl-C stops it")
-        print(url, flush=True)  # standard output: a script reads the address (with --port 0, the port) here
+        how = cfg.drafter + (f", k={k}" if cfg.drafter != "none" else "")
+        ui.note(f"serving {server.service.model} ({how}) at {url}; Ctrl-C stops it")
+        try:
+            print(url, flush=True)  # standard output: a script reads the address (with --port 0, the port) here
+        except BrokenPipeError:
+            pass  # nobody reads it (a closed pipe): the server is no less useful
         listener.start()
         server.service.work(stop)  # generations run here, on the main thread, until a signal
     except signals.INTERRUPTS:
