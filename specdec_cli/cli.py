@@ -104,6 +104,7 @@ def _report(session, settings, cfg, stats, ids, text, stream, json_out, live) ->
                 "stats": {**stats.as_dict(), "load_seconds": round(session.load_seconds, 4)},
                 "config": {
                     **cfg.as_dict(),
+                    "ctx_size": session.target_ctx.n_ctx,  # as fitted to the models when -c was not given
                     "pair": settings.get("pair"),
                     "chat": session.uses_chat,
                     "target_on": session.where,
@@ -112,7 +113,8 @@ def _report(session, settings, cfg, stats, ids, text, stream, json_out, live) ->
         )
     else:
         k = "auto" if cfg.draft_tokens is None else cfg.draft_tokens
-        title = f"specdec · {cfg.drafter}" + (f" · k={k}" if cfg.drafter != "none" else "")
+        drafter = session.drafter  # none where the target cannot roll back (auto said so)
+        title = f"specdec · {drafter}" + (f" · k={k}" if drafter != "none" else "")
         title += f" · branches={cfg.branches}" if cfg.branches > 1 else ""
         title += " · exact" if cfg.exact else ""
         title += f" · target on {session.where}" if cfg.rpc else ""

@@ -141,15 +141,20 @@ def bench(
     modes = EXACT_MODES[exact] if exact else (cfg.exact,)
     configs = runner.plan(names, ks, temp_list, branch_list, modes)
     curve_max = max([costmodel.CURVE_MAX] + [k + 1 for k in ks if k is not None])
-    if cfg.ctx_size < costmodel.CONTEXT + curve_max:
-        raise UsageError(
-            f"-c/--ctx-size must be at least {costmodel.CONTEXT + curve_max} for bench (got {cfg.ctx_size}): "
-            f"the cost curve decodes {curve_max} tokens after {costmodel.CONTEXT} of context"
-        )
+    longest = None if None in ks or "auto" in names else max(ks)  # a recurrent target's snapshots (Session)
+    need = costmodel.CONTEXT + curve_max
+    why = f"the cost curve decodes {curve_max} tokens after {costmodel.CONTEXT} of context"
+    if cfg.ctx_size is not None and cfg.ctx_size < need:
+        raise UsageError(f"-c/--ctx-size must be at least {need} for bench (got {cfg.ctx_size}): {why}")
     rows: list[dict] = []
     interrupted = False
     with ExitStack() as stack:
-        sessions = {mode: stack.enter_context(open_session(replace(cfg, exact=mode))) for mode in modes}
+        sessions = {mode: stack.enter_context(open_session(replace(cfg, exact=mode), longest)) for mode in modes}
+        n_ctx = sessions[modes[0]].target_ctx.n_ctx
+        if n_ctx < need:  # fitted to a target trained for fewer tokens
+            raise UsageError(
+                f"bench needs a context of at least {need} tokens, and {cfg.target.name} has {n_ctx}: {why}"
+            )
         for message in {m for s in sessions.values() for m in s.warnings}:
             ui.warning(message)
         curves = {}
@@ -168,7 +173,7 @@ def bench(
                        "target_on": sessions[modes[0]].where},
             "cost_curve": report.cost_curve(curve),
             **({"cost_curve_exact": report.cost_curve(curves[True])} if len(modes) > 1 else {}),
-            "settings": {"max_tokens": max_tokens, "runs": runs, "seed": seed, "ctx_size": cfg.ctx_size, "prompts": prompts,
+            "settings": {"max_tokens": max_tokens, "runs": runs, "seed": seed, "ctx_size": n_ctx, "prompts": prompts,
                          "categories": sorted({p.category for p in prompt_list}), "prompt_count": len(prompt_list),
                          "exact": list(modes)},
             "rows": rows,

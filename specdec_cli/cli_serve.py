@@ -62,7 +62,7 @@ def serve(
             session.lookup_corpus()
             for message in session.warnings:
                 ui.warning(message)
-            if cfg.drafter != "none":  # auto's cost curve, measured now rather than in the first request
+            if session.drafter != "none":  # auto's cost curve, measured now rather than in the first request
                 session.costs(session.target.tokenize("Hello, world.", special=True))
             server.service = Service(session, *_model_names(settings, cfg), queue)
             _serve(server, host, api_key is not None, cfg)

@@ -24,7 +24,7 @@ from .errors import UsageError
 # --- defaults and limits, one per line -----------------------------------------------------------
 DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
 MAX_TOKENS = 256  # long enough for a code answer, short enough to come back quickly
-CTX_SIZE = 4096  # room for a page of prompt plus the answer; the KV cache stays small on a laptop
+CTX_SIZE = 4096  # unless -c says or the target was trained for less: a page of prompt plus the answer, a small KV cache
 MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve output room for 64
 MAX_BRANCHES = 8  # --branches: a tree verify batch holds every branch's nodes, and llama.cpp a seq id per branch
 P_SPLIT = 0.1  # fork where the draft's runner-up has >= 10% (llama.cpp's --draft-p-split)
@@ -220,8 +220,8 @@ OPTIONS: tuple[Option, ...] = (
         key="ctx_size",
         flags=("-c", "--ctx-size"),
         type=int,
-        default=CTX_SIZE,
-        help=f"Context size in tokens [{CTX_SIZE}].",
+        default=None,
+        help=f"Context size in tokens [the smaller of {CTX_SIZE} and what the target was trained for].",
         config=(int,),
         checks=(at_least(MIN_CTX),),
     ),

@@ -22,7 +22,7 @@ from .engine.kv import Sequence
 from .engine.speculative import Settings, generate
 from .errors import SpecdecError, UsageError
 from . import options
-from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
+from .options import AUTO_K_MAX, CTX_SIZE, MAX_BRANCHES, MAX_DRAFT_TOKENS, MIN_CTX, RunConfig  # noqa: F401 (RunConfig: re-exported)
 
 
 class PromptTooLong(UsageError):
@@ -44,29 +44,57 @@ def available_memory() -> int | None:
     return None
 
 
-def check_context(n_ctx: int, models: list[tuple[str, Model]]) -> None:
-    """A context no longer than every model was trained for, whose KV caches fit in memory: a bigger
-    one only allocates gigabytes that the model cannot use (or gets the process killed)."""
-    for role, m in models:
-        if n_ctx > m.n_ctx_train > 0:
-            raise UsageError(
-                f"a context of {n_ctx:,} tokens is more than {role} {m.name} was trained for ({m.n_ctx_train:,})",
-                hint=f"use -c/--ctx-size {m.n_ctx_train} or less",
-            )
-    need = n_ctx * sum(m.kv_bytes_per_token() for _, m in models)
+def context_sizes(requested: int | None, target: Model, draft: Model | None) -> tuple[int, int | None]:
+    """(target's, draft's) context in tokens. -c as given, which no model may be trained for less than: a
+    bigger one only allocates memory that the model cannot use. Unset: the smaller of CTX_SIZE and what the
+    target was trained for, and for the draft the smaller of that and its own (it stops drafting when the
+    text outgrows it: ModelDrafter)."""
+    if requested is not None:
+        for role, m in (("target", target), ("draft", draft)):
+            if m is not None and requested > m.n_ctx_train > 0:
+                raise UsageError(
+                    f"a context of {requested:,} tokens is more than {role} {m.name} was trained for ({m.n_ctx_train:,})",
+                    hint=f"use -c/--ctx-size {m.n_ctx_train} or less, or leave -c out (it then fits the models)",
+                )
+        return requested, requested if draft is not None else None
+
+    def fit(limit: int, m: Model) -> int:
+        return max(min(limit, m.n_ctx_train), MIN_CTX) if m.n_ctx_train > 0 else limit
+
+    n = fit(CTX_SIZE, target)
+    return n, fit(n, draft) if draft is not None else None
+
+
+def check_memory(need: list[tuple[int, int]]) -> None:
+    """KV caches and recurrent states that fit in memory: each (KV bytes, recurrent-state bytes) of a context."""
+    kv, states = sum(k for k, _ in need), sum(r for _, r in need)
     free = available_memory()
-    if free is not None and need > free:
-        raise UsageError(
-            f"a context of {n_ctx:,} tokens needs {need / 2**30:.1f} GiB of KV cache, but only "
-            f"{free / 2**30:.1f} GiB of memory is available",
-            hint="use a smaller -c/--ctx-size",
+    if free is not None and kv + states > free:
+        parts = f"{_size(kv)} of KV cache" + (
+            f" and {_size(states)} of recurrent state and its snapshots" if states else ""
         )
+        raise UsageError(
+            f"the contexts need {parts}, but only {_size(free)} of memory is available",
+            hint="use a smaller -c/--ctx-size" + (" or -k (a snapshot per draft token)" if states else ""),
+        )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _seqs(model: Model, role: str) -> int:
+    """Sequences a context needs: a tree's branches; a recurrent model drafts no tree, so a target needs its
+    own and a draft also a copy to draft in (ModelDrafter)."""
+    return MAX_BRANCHES if model.rollback == "cells" else 1 + (role == "draft")
 
 
 class Session:
     """A loaded target (and draft). Use `open_session`; it frees contexts before models."""
 
-    def __init__(self, cfg: RunConfig, stack: ExitStack):
+    def __init__(self, cfg: RunConfig, stack: ExitStack, max_draft: int | None = None):
+        """max_draft: the longest draft a run may send (default: -k, else auto's longest): a recurrent
+        target keeps a snapshot of its state per draft token."""
         self.cfg = cfg
         t0 = time.perf_counter()
         # --rpc: the target's layers on the servers (and any local GPU, as llama.cpp would); the draft
@@ -77,21 +105,15 @@ class Session:
         target_devices = rpc.devices(servers) + local if servers else local
         # Exact mode changes how the target computes; the draft's numerics never change the output.
         self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, devices=target_devices))
-        draft = cfg.draft and cfg.drafter != "none"
+        self.warnings: list[str] = []  # for the command to show, once
+        self.drafter = self._speculation(cfg)  # the drafter, "none" where the target cannot roll back
+        draft = cfg.draft and self.drafter != "none"
         self.draft = stack.enter_context(Model(cfg.draft, devices=local)) if draft else None
         self._costs: costmodel.Costs | None = None
         self._corpus: Corpus | None = None
         self._lookup_sources: tuple[str, Corpus | None] = ("", None)
         self._held: dict[Context, Sequence] = {}  # what a finished run left in each cache (reuse)
         self._taken: list[Sequence] = []  # the sequences the current run took out of _held
-        # Speculation rolls both caches back after every rejection; plain decoding never does.
-        for role, m in (("target", self.target), ("draft", self.draft)):
-            problem = m is not None and cfg.drafter != "none" and m.rollback_problem()
-            if problem:
-                raise SpecdecError(
-                    f"{role} {m.name} cannot be used for speculative decoding: {problem}",
-                    hint="use --drafter none to decode it without speculation",
-                )
         if self.draft is not None:
             why = vocab.incompatibility(self.target, self.draft)
             if why:
@@ -99,15 +121,30 @@ class Session:
                     f"draft {self.draft.name} cannot draft for target {self.target.name}: {why}",
                     hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
                 )
-        check_context(cfg.ctx_size, [("target", self.target)] + ([("draft", self.draft)] if self.draft else []))
+        self._check_branches(cfg.branches)
+        n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, self.draft)
+        # The target drops a rejected tail of up to max_draft tokens: a recurrent target keeps that many
+        # snapshots of its state (the verify batch of max_draft + 1 tokens holds them all).
+        self.max_draft = max_draft or cfg.draft_tokens or AUTO_K_MAX
+        snapshots = self.max_draft if self.drafter != "none" and self.target.rollback == "snapshots" else 0
+        seqs = {m: _seqs(m, role) for m, role in ((self.target, "target"), (self.draft, "draft")) if m is not None}
+        check_memory(
+            [(n_ctx * self.target.kv_bytes_per_token(), self.target.state_bytes() * (1 + snapshots) * seqs[self.target])]
+            + ([(draft_n_ctx * self.draft.kv_bytes_per_token(), self.draft.state_bytes() * seqs[self.draft])]
+               if self.draft else [])
+        )  # fmt: skip
         # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: ModelDrafter caps a tree's nodes
         # at MAX_DRAFT_TOKENS (max_nodes, below).
-        ctx = dict(n_ctx=cfg.ctx_size, n_threads=cfg.threads, n_seq=MAX_BRANCHES, max_outputs=MAX_DRAFT_TOKENS + 1)
-        self.target_ctx = stack.enter_context(Context(self.target, **ctx))
-        self.draft_ctx = stack.enter_context(Context(self.draft, **ctx)) if self.draft else None
+        ctx = dict(n_threads=cfg.threads, max_outputs=MAX_DRAFT_TOKENS + 1)
+        self.target_ctx = stack.enter_context(
+            Context(self.target, n_ctx=n_ctx, n_seq=seqs[self.target], snapshots=snapshots, **ctx)
+        )
+        self.draft_ctx = (
+            stack.enter_context(Context(self.draft, n_ctx=draft_n_ctx, n_seq=seqs[self.draft], **ctx))
+            if self.draft else None
+        )  # fmt: skip
         if servers:
             rpc.watch_connections()  # a server machine that vanishes ends the run instead of hanging it
-        self.warnings: list[str] = []  # for the command to show, once
         if self.target_ctx.other_backends:
             self.warnings.append(
                 f"--exact holds on CPU backends only; {self.target.name} also runs on {self.target_ctx.other_backends} "
@@ -115,6 +152,40 @@ class Session:
                 "--drafter none at near-ties"
             )
         self.load_seconds = time.perf_counter() - t0
+
+    def _speculation(self, cfg: RunConfig) -> str:
+        """The drafter, once the target's cache is known: auto decodes plainly where it cannot roll back."""
+        if cfg.exact and self.target.recurrent:
+            raise UsageError(
+                f"--exact: {self.target.name} ({self.target.architecture}) keeps a recurrent state, whose batched "
+                "and one-token kernels exact mode does not cover",
+                hint="run without --exact (README: Models)",
+            )
+        drafter = self._able(cfg.drafter)
+        if drafter != cfg.drafter:
+            self.warnings.append(
+                f"{self.target.name} cannot speculate: {self.target.rollback_problem()}; auto decodes it plainly"
+            )
+        return drafter
+
+    def _check_branches(self, branches: int) -> None:
+        recurrent = [m for m in (self.target, self.draft) if m is not None and m.recurrent]
+        if branches > 1 and recurrent:
+            raise UsageError(
+                f"--branches {branches}: tree drafting forks every branch's state, and {recurrent[0].name} "
+                f"({recurrent[0].architecture}) keeps a recurrent state that specdec does not fork for trees",
+                hint="use --branches 1 (chains speculate on it)",
+            )
+
+    def _able(self, drafter: str) -> str:
+        """`drafter` where the target can roll back; elsewhere none for auto, and an error for the others."""
+        problem = drafter != "none" and self.target.rollback_problem()
+        if problem and drafter != "auto":
+            raise UsageError(
+                f"--drafter {drafter}: target {self.target.name} cannot speculate: {problem}",
+                hint="use --drafter none (or auto, which decodes it plainly)",
+            )
+        return "none" if problem else drafter
 
     @property
     def uses_chat(self) -> bool:
@@ -175,6 +246,7 @@ class Session:
         self._lookup_sources = (instruction, self.lookup_corpus() if corpus is CACHED else corpus)
         k = overrides.pop("draft_tokens", self.cfg.draft_tokens)
         branches = overrides.pop("branches", self.cfg.branches)
+        self._check_branches(branches)
         settings = Settings(
             AUTO_K_MAX, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug, self.cfg.exact
         )
@@ -187,7 +259,7 @@ class Session:
         # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
         # reused prefix holds exactly the cells a cold run computes.
         settings = replace(settings, prompt_kernels=not reuse)
-        return self._run(drafter or self.cfg.drafter, k, tokens, branches, settings, reuse)
+        return self._run(self._able(drafter or self.drafter), k, tokens, branches, settings, reuse)
 
     def _run(
         self, name: str, k: int | None, tokens: list[int], branches: int, settings: Settings, reuse: bool
@@ -238,7 +310,8 @@ class Session:
         # auto, or -k auto for one drafter: the cost model chooses every round (and may decode plainly).
         return AutoDrafter(
             costs, self._lookup() if name in ("auto", "lookup") else None,
-            model if name in ("auto", "model") else None, MAX_BRANCHES,
+            model if name in ("auto", "model") else None,
+            MAX_BRANCHES if self.target.rollback == "cells" else 1,  # a lookup tree forks the target's state
         )  # fmt: skip
 
     def _lookup(self) -> LookupDrafter:
@@ -256,7 +329,7 @@ class Session:
 
     def lookup_corpus(self) -> Corpus | None:
         """The lookup cache's answers for this target's vocabulary, loaded once per session (None: off)."""
-        if not self.cfg.lookup_cache or self.cfg.drafter not in ("auto", "lookup"):
+        if not self.cfg.lookup_cache or self.drafter not in ("auto", "lookup"):
             return None
         if self._corpus is None:
             self._corpus = Corpus(lookup_cache.load(self.vocab_key, self.warnings.append))
@@ -268,7 +341,7 @@ class Session:
 
     def remember(self, answer: list[int]) -> None:
         """Keep an answer in the lookup cache for later runs (with the cache on, and lookup in use)."""
-        if self.cfg.lookup_cache and self.cfg.drafter in ("auto", "lookup"):
+        if self.cfg.lookup_cache and self.drafter in ("auto", "lookup"):
             lookup_cache.save(self.vocab_key, answer)
             self._corpus = None  # a later run of this session (a server's next request) drafts from it too
 
@@ -286,13 +359,14 @@ class Session:
 class open_session:
     """Context manager: `with open_session(cfg) as s: ...`; frees everything on the way out."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, max_draft: int | None = None):
         self.cfg = cfg
+        self.max_draft = max_draft
         self._stack = ExitStack()
 
     def __enter__(self) -> Session:
         try:
-            return Session(self.cfg, self._stack)
+            return Session(self.cfg, self._stack, self.max_draft)
         except BaseException:
             self._stack.close()
             raise

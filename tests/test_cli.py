@@ -118,7 +118,7 @@ def test_chat_template_is_applied_by_default_when_present(capsys, models):
         (["--target", "{target}", "--draft", "{draft}", "--p-split", "0"], 2, "--p-split must be in (0, 1]"),
         (["--target", "{target}", "--draft", "{draft}", "-k", "many"], 2, "must be a whole number or 'auto'"),
         (["--target", "{target}", "--draft", "{draft}", "-k", "64"], 2, "--draft-tokens must be at most 63"),
-        (["--target", "{recurrent}", "--drafter", "lookup"], 1, "cannot be used for speculative decoding"),
+        (["--target", "{recurrent}", "--drafter", "lookup"], 2, "cannot speculate: its architecture (mamba"),
         (["--target", "{target}", "--chat"], 2, "has no chat template"),
         (["--target", "{target}", "-n", "abc"], 2, "Invalid value for '-n' / '--max-tokens'"),
         (["--target", "{target}", "--bogus"], 2, "No such option"),
@@ -151,13 +151,20 @@ def test_vocab_mismatch_says_what_differs(capsys, models):
     assert "token " in one_line_error(err) and "differs" in err
 
 
-def test_recurrent_model_is_refused_for_speculation_but_decodes_plainly(capsys, models):
-    code, _, err = specdec(
-        capsys, "generate", "hi", "--target", str(models["recurrent"]), "--draft", str(models["recurrent"])
-    )
-    assert code == 1 and "it is a recurrent model, whose state cannot be rolled back" in one_line_error(err)
-    code, out, _ = specdec(capsys, "generate", "hi", "--target", str(models["recurrent"]), "-n", "5", "--json")
-    assert code == 0 and json.loads(out)["stats"]["generated_tokens"] == 5
+def test_a_target_that_cannot_roll_back_decodes_plainly_with_auto_and_refuses_the_other_drafters(capsys, models):
+    rec = ["--target", str(models["recurrent"]), "--draft", str(models["recurrent"]), "-n", "5"]
+    code, out, err = specdec(capsys, "generate", "hi", *rec, "--json")
+    assert code == 0, err
+    assert err.count("\n") == 1 and err.startswith("warning: recurrent.gguf cannot speculate: its architecture (mamba")
+    assert "auto decodes it plainly" in err
+    stats = json.loads(out)["stats"]
+    assert stats["generated_tokens"] == 5 and stats["drafted"] == 0
+    for drafter in ("model", "lookup"):
+        code, _, err = specdec(capsys, "generate", "hi", *rec, "--drafter", drafter)
+        assert code == 2 and f"--drafter {drafter}: target recurrent.gguf cannot speculate" in one_line_error(err)
+        assert "mamba" in err.splitlines()[0]
+    code, out, err = specdec(capsys, "generate", "hi", *rec, "--drafter", "none", "--json")
+    assert code == 0 and err == "" and json.loads(out)["stats"]["generated_tokens"] == 5
 
 
 def test_prompt_longer_than_context(capsys, models):

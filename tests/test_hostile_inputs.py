@@ -151,7 +151,7 @@ def test_a_context_bigger_than_memory_is_refused_with_the_figure(capsys, models,
     monkeypatch.setattr(session, "available_memory", lambda: 1 << 20)  # 1 MiB free
     code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "-c", "8192")
     line = one_line_error(err)
-    assert code == 2 and "GiB of KV cache, but only 0.0 GiB of memory is available" in line
+    assert code == 2 and "the contexts need 2.0 MiB of KV cache, but only 1.0 MiB of memory is available" in line
 
 
 def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(models):

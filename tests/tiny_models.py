@@ -1,7 +1,12 @@
-"""Tiny random llama-architecture GGUF models for hermetic tests: F32, a byte vocabulary, milliseconds to load.
+"""Tiny random GGUF models for hermetic tests: F32, a byte vocabulary, milliseconds to load.
 
-F32 weights make batched and one-token evaluation agree exactly, so greedy speculative output must
-equal target-only output token for token. A draft made from the target's weights plus a little noise
+llama (attention only), mamba (recurrent: no rollback) and two hybrids that llama.cpp rolls back
+through recurrent-state snapshots (n_rs_seq): lfm2 (short convolutions) and qwen35 (Gated DeltaNet).
+
+F32 weights make batched and one-token evaluation agree exactly (for llama, in exact mode), so greedy
+speculative output must equal target-only output token for token. The hybrids' rows do not, in exact
+mode either: a batch's differ from one-token rows by up to ~1e-3 (their recurrent blocks compute a
+batch differently), so only their argmax usually agrees. A draft made from the target's weights plus a little noise
 agrees with it most of the time but not always: partial acceptance.
 """
 
@@ -73,11 +78,12 @@ def add_noise(weights: dict[str, np.ndarray], seed: int, rel: float) -> dict[str
 
 def write_model(
     path: Path, weights: dict[str, np.ndarray], tokens: list[str], chat_template: str | None = None,
-    types: list[TokenType] | None = None,
+    types: list[TokenType] | None = None, context_length: int = N_CTX_TRAIN,
 ) -> Path:  # fmt: skip
+    """context_length: the context it was "trained" for (llama.cpp's n_ctx_train), which bounds -c."""
     w = GGUFWriter(str(path), "llama")
     w.add_name(path.stem)
-    w.add_context_length(N_CTX_TRAIN)
+    w.add_context_length(context_length)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(N_LAYER)
     w.add_feed_forward_length(N_FF)
@@ -123,6 +129,155 @@ def write_recurrent(path: Path) -> Path:
         "blk.0.ssm_out.weight": w(e, inner),
     }  # fmt: skip
     return finish(g, weights, path)
+
+
+# Hybrids: a few layers, at least one recurrent and one attention, so that a rollback goes through both
+# llama.cpp's recurrent snapshots and its KV cells.
+LFM2_HEAD_COUNT_KV = [0, N_HEAD_KV, 0]  # per layer; 0 marks a short-conv layer: conv, attention, conv
+LFM2_L_CACHE = 3  # conv kernel width; the state is the last L_CACHE - 1 inputs, like the real models'
+
+
+def _randn(seed: int):
+    rng = np.random.default_rng(seed)
+    return lambda *shape, scale: (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def lfm2_weights(seed: int, n_vocab: int) -> dict[str, np.ndarray]:
+    """LFM2: short-conv and attention (QK-norm) mixers, each followed by a SwiGLU FFN."""
+    w, one, head_dim = _randn(seed), lambda n: np.ones(n, np.float32), N_EMBD // N_HEAD
+    t = {
+        "token_embd.weight": w(n_vocab, N_EMBD, scale=1.0),
+        "token_embd_norm.weight": one(N_EMBD),  # LFM2's final norm goes by this name
+        "output.weight": w(n_vocab, N_EMBD, scale=0.6),  # peaked distributions, as in random_weights
+    }
+    for i, n_kv in enumerate(LFM2_HEAD_COUNT_KV):
+        t |= {
+            f"blk.{i}.attn_norm.weight": one(N_EMBD),
+            f"blk.{i}.ffn_norm.weight": one(N_EMBD),
+            f"blk.{i}.ffn_gate.weight": w(N_FF, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_up.weight": w(N_FF, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_down.weight": w(N_EMBD, N_FF, scale=0.15),
+        }
+        if n_kv:
+            t |= {
+                f"blk.{i}.attn_q_norm.weight": one(head_dim),
+                f"blk.{i}.attn_k_norm.weight": one(head_dim),
+                f"blk.{i}.attn_q.weight": w(N_EMBD, N_EMBD, scale=0.15),
+                f"blk.{i}.attn_k.weight": w(n_kv * head_dim, N_EMBD, scale=0.15),
+                f"blk.{i}.attn_v.weight": w(n_kv * head_dim, N_EMBD, scale=0.15),
+                f"blk.{i}.attn_output.weight": w(N_EMBD, N_EMBD, scale=0.15),
+            }
+        else:
+            t |= {
+                f"blk.{i}.shortconv.conv.weight": w(N_EMBD, LFM2_L_CACHE, scale=0.5),
+                f"blk.{i}.shortconv.in_proj.weight": w(3 * N_EMBD, N_EMBD, scale=0.15),
+                f"blk.{i}.shortconv.out_proj.weight": w(N_EMBD, N_EMBD, scale=0.15),
+            }
+    return t
+
+
+def write_lfm2(
+    path: Path, weights: dict[str, np.ndarray], tokens: list[str], context_length: int = N_CTX_TRAIN
+) -> Path:  # fmt: skip
+    """A hybrid whose recurrent layers keep only a short-conv window: the cheapest snapshots."""
+    w = GGUFWriter(str(path), "lfm2")
+    w.add_name(path.stem)
+    w.add_context_length(context_length)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(len(LFM2_HEAD_COUNT_KV))
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(LFM2_HEAD_COUNT_KV)
+    w.add_shortconv_l_cache(LFM2_L_CACHE)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)
+    _add_byte_tokenizer(w, tokens)
+    return finish(w, weights, path)
+
+
+# Qwen3.5: Gated DeltaNet layers, and full (gated, QK-norm, M-RoPE) attention every QWEN35_INTERVAL-th layer.
+QWEN35_LAYERS, QWEN35_INTERVAL = 3, 3  # linear, linear, full attention
+QWEN35_HEAD_DIM = 16  # attention key/value length; the query projection is twice as wide (query + gate)
+QWEN35_ROPE_DIM, QWEN35_SECTIONS = 8, [2, 1, 1, 0]  # partial rotary; sections sum to ROPE_DIM / 2
+QWEN35_CONV = 4  # ssm.conv_kernel
+QWEN35_STATE = 16  # ssm.state_size: the key and value head size of a DeltaNet layer
+QWEN35_K_HEADS, QWEN35_V_HEADS = 2, 4  # ssm.group_count, ssm.time_step_rank
+QWEN35_INNER = QWEN35_STATE * QWEN35_V_HEADS  # ssm.inner_size: the value width
+
+
+def qwen35_is_recurrent(i: int) -> bool:
+    return (i + 1) % QWEN35_INTERVAL != 0
+
+
+def qwen35_weights(seed: int, n_vocab: int) -> dict[str, np.ndarray]:
+    w, one = _randn(seed), lambda n: np.ones(n, np.float32)
+    key_dim = QWEN35_STATE * QWEN35_K_HEADS
+    t = {
+        "token_embd.weight": w(n_vocab, N_EMBD, scale=1.0),
+        "output_norm.weight": one(N_EMBD),
+        "output.weight": w(n_vocab, N_EMBD, scale=0.6),  # peaked distributions, as in random_weights
+    }
+    for i in range(QWEN35_LAYERS):
+        t |= {
+            f"blk.{i}.attn_norm.weight": one(N_EMBD),
+            f"blk.{i}.post_attention_norm.weight": one(N_EMBD),
+            f"blk.{i}.ffn_gate.weight": w(N_FF, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_up.weight": w(N_FF, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_down.weight": w(N_EMBD, N_FF, scale=0.15),
+        }
+        if qwen35_is_recurrent(i):
+            t |= {
+                f"blk.{i}.attn_qkv.weight": w(2 * key_dim + QWEN35_INNER, N_EMBD, scale=0.15),
+                f"blk.{i}.attn_gate.weight": w(QWEN35_INNER, N_EMBD, scale=0.15),
+                f"blk.{i}.ssm_conv1d.weight": w(2 * key_dim + QWEN35_INNER, QWEN35_CONV, scale=0.5),
+                f"blk.{i}.ssm_dt.bias": w(QWEN35_V_HEADS, scale=0.5),
+                # -exp(A_log): a negative decay rate per value head, as the converter writes it
+                f"blk.{i}.ssm_a": -np.exp(w(QWEN35_V_HEADS, scale=0.5)),
+                f"blk.{i}.ssm_beta.weight": w(QWEN35_V_HEADS, N_EMBD, scale=0.15),
+                f"blk.{i}.ssm_alpha.weight": w(QWEN35_V_HEADS, N_EMBD, scale=0.15),
+                f"blk.{i}.ssm_norm.weight": one(QWEN35_STATE),
+                f"blk.{i}.ssm_out.weight": w(N_EMBD, QWEN35_INNER, scale=0.15),
+            }
+        else:
+            t |= {
+                f"blk.{i}.attn_q.weight": w(2 * N_HEAD * QWEN35_HEAD_DIM, N_EMBD, scale=0.15),
+                f"blk.{i}.attn_k.weight": w(N_HEAD_KV * QWEN35_HEAD_DIM, N_EMBD, scale=0.15),
+                f"blk.{i}.attn_v.weight": w(N_HEAD_KV * QWEN35_HEAD_DIM, N_EMBD, scale=0.15),
+                f"blk.{i}.attn_q_norm.weight": one(QWEN35_HEAD_DIM),
+                f"blk.{i}.attn_k_norm.weight": one(QWEN35_HEAD_DIM),
+                f"blk.{i}.attn_output.weight": w(N_EMBD, N_HEAD * QWEN35_HEAD_DIM, scale=0.15),
+            }
+    return t
+
+
+def write_qwen35(
+    path: Path, weights: dict[str, np.ndarray], tokens: list[str], context_length: int = N_CTX_TRAIN
+) -> Path:  # fmt: skip
+    """A hybrid whose recurrent layers keep a DeltaNet matrix state per head: large snapshots."""
+    w = GGUFWriter(str(path), "qwen35")
+    w.add_name(path.stem)
+    w.add_context_length(context_length)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(QWEN35_LAYERS)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_key_length(QWEN35_HEAD_DIM)
+    w.add_value_length(QWEN35_HEAD_DIM)
+    w.add_rope_dimension_count(QWEN35_ROPE_DIM)
+    w.add_rope_dimension_sections(QWEN35_SECTIONS)
+    w.add_rope_freq_base(10000.0)
+    w.add_full_attention_interval(QWEN35_INTERVAL)
+    w.add_ssm_conv_kernel(QWEN35_CONV)
+    w.add_ssm_inner_size(QWEN35_INNER)
+    w.add_ssm_state_size(QWEN35_STATE)
+    w.add_ssm_time_step_rank(QWEN35_V_HEADS)
+    w.add_ssm_group_count(QWEN35_K_HEADS)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(0)
+    _add_byte_tokenizer(w, tokens)
+    return finish(w, weights, path)
 
 
 def finish(w: GGUFWriter, weights: dict[str, np.ndarray], path: Path) -> Path:
@@ -175,12 +330,15 @@ def write_extra_vocab_draft(path: Path, weights: dict[str, np.ndarray], seed: in
 
 def write_fixture_set(folder: Path) -> dict[str, Path]:
     """target, draft (noisy: partial acceptance), same (identical copy: full acceptance),
-    other_vocab (incompatible), chat (target weights with a ChatML template), recurrent (Mamba);
-    hostile drafts: nan_draft (every logit NaN), extra_vocab (proposes ids the target lacks)."""
+    other_vocab (incompatible), chat (target weights with a ChatML template), recurrent (Mamba),
+    short_ctx (target weights, trained for 1,024 tokens: -c is bounded by it);
+    hostile drafts: nan_draft (every logit NaN), extra_vocab (proposes ids the target lacks);
+    hybrids that roll back through recurrent snapshots, each with its own noisy draft and identical
+    copy: lfm2, lfm2_draft, lfm2_same (short conv) and qwen35, qwen35_draft, qwen35_same (DeltaNet)."""
     vocab = byte_vocab()
     base = random_weights(seed=1234, n_vocab=len(vocab))
     noisy = add_noise(base, seed=99, rel=0.02)
-    return {
+    paths = {
         "nan_draft": write_model(folder / "nan_draft.gguf", nan_weights(noisy), vocab),
         "extra_vocab": write_extra_vocab_draft(folder / "extra_vocab.gguf", noisy),
         "target": write_model(folder / "target.gguf", base, vocab),
@@ -189,4 +347,12 @@ def write_fixture_set(folder: Path) -> dict[str, Path]:
         "other_vocab": write_model(folder / "other_vocab.gguf", base, byte_vocab(shuffle_seed=7)),
         "chat": write_model(folder / "chat.gguf", base, vocab, chat_template=CHATML),
         "recurrent": write_recurrent(folder / "recurrent.gguf"),
+        "short_ctx": write_model(folder / "short_ctx.gguf", base, vocab, context_length=1024),
     }
+    for arch, weights, write in (("lfm2", lfm2_weights, write_lfm2), ("qwen35", qwen35_weights, write_qwen35)):
+        hybrid = weights(seed=1234, n_vocab=len(vocab))
+        paths[arch] = write(folder / f"{arch}.gguf", hybrid, vocab)
+        # rel=0.02 here too: the draft's greedy choice is the target's about 80% of the time
+        paths[f"{arch}_draft"] = write(folder / f"{arch}_draft.gguf", add_noise(hybrid, seed=99, rel=0.02), vocab)
+        paths[f"{arch}_same"] = write(folder / f"{arch}_same.gguf", hybrid, vocab)
+    return paths

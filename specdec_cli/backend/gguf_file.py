@@ -266,33 +266,33 @@ def check_header(h: Header) -> None:
     _check_heads(h.metadata, arch, names, n_layer)
     _check_experts(h.metadata, arch)
     _check_vocab(h.metadata, names)
-    ctx = _int(h.metadata, f"{arch}.context_length")
+    ctx = int_value(h.metadata, f"{arch}.context_length")
     if ctx is not None and not 1 <= ctx <= MAX_CONTEXT:
         raise Malformed(f"{arch}.context_length = {ctx} is not a usable context length (1 to {MAX_CONTEXT:,})")
-    if _int(h.metadata, f"{arch}.embedding_length") == 0:
+    if int_value(h.metadata, f"{arch}.embedding_length") == 0:
         raise Malformed(f"{arch}.embedding_length = 0: a model needs embeddings")
     rope = h.metadata.get(f"{arch}.rope.scaling.type")
     if isinstance(rope, str) and rope not in ROPE_SCALING:
         raise Malformed(f"{arch}.rope.scaling.type = {rope!r} is not one of {', '.join(ROPE_SCALING)}")
 
 
-def _int(meta: dict, key: str) -> int | None:
+def int_value(meta: dict, key: str) -> int | None:
     """An integer value; None when absent or of another type (llama.cpp reports a wrong type itself)."""
     v = meta.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _per_layer(meta: dict, key: str) -> list[int] | None:
+def per_layer(meta: dict, key: str) -> list[int] | None:
     """A count given once for all layers or as a per-layer array: as a list (one item for all)."""
     v = meta.get(key)
     if isinstance(v, Array) and v.items and all(isinstance(x, int) for x in v.items):
         return list(v.items)
-    return [v] if _int(meta, key) is not None else None
+    return [v] if int_value(meta, key) is not None else None
 
 
 def _check_layers(meta: dict, arch: str, names: dict) -> int | None:
     key = f"{arch}.block_count"
-    n_layer = _int(meta, key)
+    n_layer = int_value(meta, key)
     if n_layer is None:
         return None
     if not 1 <= n_layer <= MAX_LAYERS:
@@ -300,7 +300,7 @@ def _check_layers(meta: dict, arch: str, names: dict) -> int | None:
     blocks = [int(n.split(".")[1]) for n in names if n.startswith("blk.") and n.split(".")[1].isdigit()]
     if blocks and max(blocks) >= n_layer:
         raise Malformed(f"{key} = {n_layer}, but the file has tensors for block {max(blocks)}")
-    nextn = _int(meta, f"{arch}.nextn_predict_layers")
+    nextn = int_value(meta, f"{arch}.nextn_predict_layers")
     if nextn is not None and nextn > n_layer:
         raise Malformed(f"{arch}.nextn_predict_layers = {nextn} is more than {key} = {n_layer}")
     return n_layer
@@ -311,8 +311,8 @@ def _check_heads(meta: dict, arch: str, names: dict, n_layer: int | None) -> Non
     key/value heads: otherwise building the attention graph trips an assert (head_count_kv defaults to
     head_count). Arrays of the wrong length are llama.cpp's to refuse."""
     key, key_kv = f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"
-    heads = _per_layer(meta, key)
-    kv_heads = _per_layer(meta, key_kv) or heads
+    heads = per_layer(meta, key)
+    kv_heads = per_layer(meta, key_kv) or heads
     if n_layer is None or heads is None or {len(heads), len(kv_heads)} - {1, n_layer}:
         return
     for il in range(n_layer):
@@ -326,10 +326,10 @@ def _check_heads(meta: dict, arch: str, names: dict, n_layer: int | None) -> Non
 
 def _check_experts(meta: dict, arch: str) -> None:
     """The mixture-of-experts counts that llama.cpp's load_hparams asserts on."""
-    n_expert = _int(meta, f"{arch}.expert_count") or 0
-    used = max(_per_layer(meta, f"{arch}.expert_used_count") or [0])
-    groups = _int(meta, f"{arch}.expert_group_count") or 0
-    group_used = _int(meta, f"{arch}.expert_group_used_count") or 0
+    n_expert = int_value(meta, f"{arch}.expert_count") or 0
+    used = max(per_layer(meta, f"{arch}.expert_used_count") or [0])
+    groups = int_value(meta, f"{arch}.expert_group_count") or 0
+    group_used = int_value(meta, f"{arch}.expert_group_used_count") or 0
     if arch in ("hunyuan-dense", "hunyuan_vl") and n_expert <= 1:
         return  # llama.cpp treats these as dense and drops the counts
     k = f"{arch}.expert"
@@ -372,8 +372,7 @@ SGEMM_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 6: "Q5_0", 8: "Q8_0", 20: "IQ4_NL"
 def sgemm_weights(path: Path) -> list[str]:
     """The matrices of `path` whose products depend on a batch having one row or more (SGEMM_TYPES).
     token_embd is only looked up by row (get_rows) unless the model has no output matrix of its own."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        tensors = read_header(buf).tensors
+    tensors = header(path).tensors
     names = {t.name for t in tensors}
     return [
         t.name
@@ -382,3 +381,9 @@ def sgemm_weights(path: Path) -> list[str]:
         and t.ggml_type in SGEMM_TYPES
         and not (t.name == "token_embd.weight" and "output.weight" in names)
     ]
+
+
+def header(path: Path) -> Header:
+    """The header of a file `check` has passed."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return read_header(buf)

@@ -25,7 +25,7 @@ import llama_cpp.llama_cpp as L
 
 from .. import signals
 from ..errors import SpecdecError
-from . import gguf_file
+from . import gguf_file, memory
 
 # llama.cpp logs every load step to stderr; we keep the recent error lines to explain failures instead.
 _LOG_LINES: deque[str] = deque(maxlen=40)
@@ -211,24 +211,40 @@ class Model:
         L.llama_model_desc(self._ptr, buf, len(buf))
         return buf.value.decode("utf-8", "replace")
 
+    @property
+    def architecture(self) -> str:
+        return self.meta("general.architecture") or "unknown"
+
+    @property
+    def recurrent(self) -> bool:
+        """A recurrent or hybrid model: part of its cache is one state per sequence, not a cell per token."""
+        return bool(L.llama_model_is_recurrent(self._ptr) or L.llama_model_is_hybrid(self._ptr))
+
+    @functools.cached_property
+    def rollback(self) -> str:
+        """How its cache drops a rejected tail: "cells", "snapshots" or "none" (memory.rollback)."""
+        return memory.rollback(self) if self.recurrent else "cells"
+
     def rollback_problem(self) -> str | None:
-        """Why this model's cache cannot drop a partial tail (speculation needs that), or None."""
-        if L.llama_model_is_recurrent(self._ptr):
-            return "it is a recurrent model, whose state cannot be rolled back to an earlier token"
-        if L.llama_model_is_hybrid(self._ptr):
-            return "it is a hybrid (recurrent + attention) model, whose state cannot be rolled back"
-        return None
+        """Why this model's cache cannot drop a partial tail (a target must, to speculate), or None."""
+        if self.rollback != "none":
+            return None
+        kind = "hybrid (recurrent + attention)" if L.llama_model_is_hybrid(self._ptr) else "recurrent"
+        return f"its architecture ({self.architecture}, {kind}) keeps a state that llama.cpp cannot roll back"
+
+    @property
+    def sliding_window(self) -> int:
+        """Tokens a sliding-window attention layer sees (0: none)."""
+        return max(L.llama_model_n_swa(self._ptr), 0)
+
+    def state_bytes(self) -> int:
+        """Bytes of one recurrent state of one sequence (0 for attention-only models); llama.cpp keeps
+        1 + n_rs_seq of them per sequence."""
+        return memory.state_bytes(self.path) if self.recurrent else 0
 
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one context position takes (F16 keys and values, every layer)."""
-        n_head = L.llama_model_n_head(self._ptr)
-        if n_head <= 0:  # no attention (recurrent): its state does not grow with the context
-            return 0
-        arch = self.meta("general.architecture")
-        # Heads may be wider than n_embd / n_head (Qwen3: 128 vs 64): the file says so when they are.
-        k_dim = int(self.meta(f"{arch}.attention.key_length") or L.llama_model_n_embd(self._ptr) // n_head)
-        v_dim = int(self.meta(f"{arch}.attention.value_length") or k_dim)
-        return L.llama_model_n_layer(self._ptr) * L.llama_model_n_head_kv(self._ptr) * (k_dim + v_dim) * 2
+        """KV-cache bytes one context position takes (F16 keys and values, every attention layer)."""
+        return memory.kv_bytes_per_token(self)
 
     def chat_template(self) -> str | None:
         tmpl = L.llama_model_chat_template(self._ptr, None)
@@ -333,7 +349,11 @@ class Context:
     cells are visited in a different order: the engine keeps the target's cells in position order
     (speculative.Settings.ordered_cells)."""
 
-    def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_seq: int = 2, max_outputs: int = 64):
+    def __init__(
+        self, model: Model, *, n_ctx: int, n_threads: int, n_seq: int = 2, max_outputs: int = 64, snapshots: int = 0
+    ):  # fmt: skip
+        """snapshots: recurrent-state snapshots per sequence (llama.cpp's n_rs_seq), so that a recurrent or
+        hybrid cache can drop up to that many tokens of its last decode (`max_rollback`)."""
         self.model = model
         params = L.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -345,6 +365,7 @@ class Context:
         params.kv_unified = True
         # Sliding-window layers would evict cells that a rollback must be able to return to.
         params.swa_full = True
+        params.n_rs_seq = snapshots if model.rollback == "snapshots" else 0
         # We read logits for at most a verify batch; the default (n_batch) reserves 1 GB+ of
         # output buffers with a 150k vocabulary.
         params.n_outputs_max = max_outputs
@@ -369,6 +390,9 @@ class Context:
         self.n_batch = L.llama_n_batch(self._ptr) - (self._twin_seq is not None)
         self.n_vocab = model.n_vocab
         self.n_seq = n_seq
+        # Tokens of its last decode a sequence can drop: any number of KV cells, or as many as llama.cpp
+        # keeps recurrent-state snapshots of (0: none; a deeper rollback clears the sequence: kv.Sequence).
+        self.max_rollback = None if model.rollback == "cells" else L.llama_n_rs_seq(self._ptr)
         self.memory = L.llama_get_memory(self._ptr)
         self._batch = Batch(L.llama_n_batch(self._ptr), n_seq)
         self._reference = ReferenceKernels(self._ptr) if model.exact else None

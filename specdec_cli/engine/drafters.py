@@ -110,7 +110,7 @@ class ModelDrafter(Drafter):
         return self.tree.main
 
     def prefill(self, tokens: list[int]) -> None:
-        if self._readable(tokens):
+        if self._readable(tokens) and self._fits(len(tokens) + 1):
             self.seq.append(tokens[len(self.seq) :])  # the cache may hold a prefix already (a server's reuse)
 
     def _readable(self, tokens: list[int]) -> bool:
@@ -119,6 +119,13 @@ class ModelDrafter(Drafter):
         top = max(tokens, default=-1)
         if top >= self.seq.ctx.n_vocab:
             self._fail(f"cannot read token {top} of the text (its vocabulary has {self.seq.ctx.n_vocab} ids)")
+        return not self.failed
+
+    def _fits(self, n: int) -> bool:
+        """Whether a text of n tokens fits the draft's context, which may be shorter than the target's (the
+        draft's own trained length). If not, it stops drafting for good: the text only grows."""
+        if n > self.seq.ctx.n_ctx:
+            self._fail(f"has a context of {self.seq.ctx.n_ctx:,} tokens (as it was trained) and the text outgrew it")
         return not self.failed
 
     def _fail(self, why: str) -> None:
@@ -140,7 +147,8 @@ class ModelDrafter(Drafter):
     ) -> Draft:  # fmt: skip
         """Draft up to k tokens; `keep_going(confidences)` may end the draft early (auto's stopping rule),
         `fork_pays` may veto a fork (auto's cost model)."""
-        if not self.failed and self._readable(committed[len(self.seq) :]):
+        k = min(k, self.seq.ctx.n_ctx - len(committed) + 1)  # d_k is never decoded: d_k-1 takes the last cell
+        if not self.failed and self._readable(committed[len(self.seq) :]) and self._fits(len(committed)):
             try:
                 if self.branches > 1:
                     return self._propose_tree(committed, k, sampler, rng, keep_going, fork_pays)
@@ -158,8 +166,9 @@ class ModelDrafter(Drafter):
         qs: list[np.ndarray] = []
         confidence: list[float] = []
         h = 0.0  # summed entropy of the drafted tokens' distributions
+        seq = self.seq
         for _ in range(k):
-            dist = sampler.dist(self.seq.append(feed)[0][: self.vocab])
+            dist = sampler.dist(seq.append(feed)[0][: self.vocab])
             # p-min looks at the most likely token, not the sampled one: a stop that depended on the
             # sampled token would change what a proposal is distributed as (greedy: the same token).
             if dist.max() < self.p_min:
@@ -175,6 +184,10 @@ class ModelDrafter(Drafter):
             if keep_going is not None and not keep_going(confidence):
                 break
             feed = [d]
+            if seq is self.seq and seq.ctx.model.recurrent and len(tokens) < k:
+                # A recurrent state cannot drop draft tokens from a string of one-token decodes: they go to
+                # a copy of it (seq_cp shares it; llama.cpp copies it at the copy's first decode).
+                seq = self.tree.seqs[self.tree.fork(0)]
         return Draft(
             tokens, np.stack(qs) if qs else None, source=self.name, k=k, confidence=tuple(confidence),
             entropy=h / len(tokens) if tokens else None,
@@ -196,6 +209,8 @@ class ModelDrafter(Drafter):
         )  # fmt: skip
 
     def rollback(self, n: int, winner: int = 0) -> None:
+        if len(self.tree) > 1 and self.branches == 1:  # a recurrent draft's copy (_propose_chain)
+            winner = int(n >= len(self.tree.seqs[1]))  # it holds only accepted tokens: it takes the main's place
         self.tree.settle(winner, n)
 
     def check(self, committed: list[int]) -> None:

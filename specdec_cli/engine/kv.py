@@ -22,6 +22,9 @@ class Sequence:
         self.ctx = ctx
         self.seq_id = seq_id
         self.tokens: list[int] = list(tokens or [])
+        # A recurrent cache (ctx.max_rollback not None) can drop only tokens of its last decode, one
+        # rollback per decode (llama.cpp's snapshots): how many it can drop now.
+        self._undo = 0
 
     @classmethod
     def empty(cls, ctx: Context, seq_id: int = 0) -> Sequence:
@@ -43,17 +46,34 @@ class Sequence:
             out = outputs if isinstance(outputs, str) else max(outputs - start, 0)
             logits = self.ctx.decode(chunk, len(self.tokens), self.seq_id, out)
             self.tokens.extend(chunk)
+            self.decoded(len(chunk))
         return logits
 
+    def decoded(self, n: int) -> None:
+        """A decode of n tokens in this sequence: a recurrent state's snapshots are those of its last n - 1
+        (the state after the first is the oldest kept), as far as the context keeps snapshots."""
+        if self.ctx.max_rollback is not None:
+            self._undo = min(n - 1, self.ctx.max_rollback)
+
+    @property
+    def floor(self) -> int:
+        """The shortest this sequence can roll back to without clearing it."""
+        return 0 if self.ctx.max_rollback is None else len(self.tokens) - self._undo
+
     def rollback(self, n: int) -> None:
-        """Forget every position >= n, so the cache holds the first n tokens (or fewer, if it had fewer)."""
+        """Forget every position >= n, so the cache holds the first n tokens (or fewer, if it had fewer).
+
+        A recurrent state goes back only to a snapshot of its last decode: further back, the sequence is
+        cleared and holds nothing (a prefix all the same: the next decode feeds the text again)."""
         if n >= len(self.tokens):
             return
-        if not self.ctx.seq_rm(self.seq_id, n, -1):
-            raise SpecdecError(
-                f"{self.ctx.model.name}: llama.cpp cannot remove a partial sequence from this cache",
-                hint="speculative decoding needs a model whose KV cache can roll back (not recurrent/hybrid)",
-            )
+        recurrent = self.ctx.max_rollback is not None
+        if recurrent and len(self.tokens) - n > self._undo:
+            self.ctx.seq_rm(self.seq_id, -1, -1)  # removing a whole sequence never fails
+            n = 0
+        elif not self.ctx.seq_rm(self.seq_id, n, -1):
+            raise SpecdecError(f"{self.ctx.model.name}: llama.cpp refused to remove positions {n}.. from its cache")
+        self._undo = 0  # llama.cpp: one rollback per decode
         del self.tokens[n:]
 
     def fork(self, seq_id: int) -> Sequence:
@@ -66,7 +86,8 @@ class Sequence:
         """Debug invariant: the cache holds exactly our tokens, and they are a prefix of `committed`."""
         n = len(self.tokens)
         lo, hi = self.ctx.seq_pos_range(self.seq_id)
-        expected = (0, n - 1) if n else (-1, -1)
+        # A recurrent state stands for every position up to its last: llama.cpp reports that one as min and max.
+        expected = (0 if self.ctx.max_rollback is None else n - 1, n - 1) if n else (-1, -1)
         if (lo, hi) != expected:
             raise KVInvariantError(
                 f"{self.ctx.model.name} seq {self.seq_id}: cache holds positions {lo}..{hi}, expected {expected}"
@@ -117,6 +138,8 @@ class Branches:
         for t, bs in zip(tokens, branches):
             for b in bs:
                 self.seqs[b].tokens.append(t)
+        for b in {b for bs in branches for b in bs}:
+            self.seqs[b].decoded(1)  # no snapshot kept for a rollback: trees never run on recurrent models
         return out
 
     def settle(self, winner: int, n: int) -> None:
@@ -127,7 +150,7 @@ class Branches:
             ctx.seq_keep(w.seq_id)  # every cell outside the winner is freed, the main sequence's included
             ctx.seq_cp(w.seq_id, main.seq_id, -1, -1)
             ctx.seq_rm(w.seq_id, -1, -1)
-            main.tokens = w.tokens
+            main.tokens, main._undo = w.tokens, w._undo
         else:
             for s in self.seqs[1:]:
                 ctx.seq_rm(s.seq_id, -1, -1)  # removing a whole sequence never fails

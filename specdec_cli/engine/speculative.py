@@ -74,11 +74,13 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if room < 0:
             yield Stopped(reason="context", tail=detok.flush())
             return
-        if len(committed) - len(main) > main.ctx.n_batch // 2:  # a long lag (ordered_cells) is fed alone
+        if len(committed) - len(main) > main.ctx.n_batch // 2:  # a long lag (ordered_cells, a cleared state) alone
             main.append(committed[len(main) : -1])
         feed = committed[len(main) :]  # what the target's cache lacks: the last token, or more
         # Never draft past the token budget, the context or one decode batch: those tokens could not be used.
         k = min(settings.draft_tokens, room, main.ctx.n_batch - len(feed), settings.max_tokens - generated - 1)
+        if main.ctx.max_rollback is not None:  # a recurrent target drops a rejected tail only from its snapshots
+            k = min(k, main.ctx.max_rollback)
 
         t_round = time.perf_counter()
         winner, n_before, in_order = 0, len(committed), None

@@ -8,10 +8,16 @@ from ..backend import vocab
 from ..backend.native import Model
 
 
+ROLLBACK = {  # how a cache drops a rejected draft (Model.rollback), in words
+    "cells": "KV cells: any rejected tail is dropped",
+    "snapshots": "recurrent-state snapshots: one per draft token, kept by llama.cpp",
+    "none": "cannot: llama.cpp keeps no snapshots of this architecture's state",
+}
+
+
 def describe(model: Model) -> dict:
     desc = model.describe()  # e.g. "qwen2 1.5B Q4_K - Medium": architecture, size class, quantisation
     quant = desc.split(" ", 2)[2] if desc.count(" ") >= 2 else "unknown"
-    problem = model.rollback_problem()
     return {
         "path": str(model.path),
         "file_bytes": model.path.stat().st_size,
@@ -22,13 +28,19 @@ def describe(model: Model) -> dict:
         "vocab_type": vocab.VOCAB_TYPES.get(L.llama_vocab_type(model.vocab), "unknown"),
         "vocab_size": model.n_vocab,
         "context_length": model.n_ctx_train,
+        "sliding_window": model.sliding_window or None,
         "chat_template": model.chat_template() is not None,
-        "can_roll_back": problem is None,
+        "rollback": model.rollback,
+        "can_roll_back": model.rollback != "none",
+        "kv_bytes_per_token": model.kv_bytes_per_token(),
+        "recurrent_state_bytes": model.state_bytes(),
     }
 
 
 def rows(facts: dict) -> list[tuple[str, str]]:
     p = facts["parameters"]
+    state = facts["recurrent_state_bytes"]
+    window = facts["sliding_window"]
     return [
         ("file", f"{facts['path']} ({facts['file_bytes'] / 1e6:,.1f} MB)"),
         ("name", facts["name"] or "-"),
@@ -37,13 +49,26 @@ def rows(facts: dict) -> list[tuple[str, str]]:
         ("quantisation", facts["quantisation"]),
         ("vocabulary", f"{facts['vocab_type']}, {facts['vocab_size']:,} tokens"),
         ("context length", f"{facts['context_length']:,} tokens (trained)"),
+        ("sliding window", f"{window:,} tokens (specdec keeps every cell: swa_full)" if window else "none"),
         ("chat template", "yes" if facts["chat_template"] else "no"),
-        ("speculation", "yes" if facts["can_roll_back"] else "no: its cache cannot roll back"),
+        ("KV cache", f"{_size(facts['kv_bytes_per_token'])} per token" if facts["kv_bytes_per_token"] else "none"),
+        ("recurrent state", _state(state, facts["rollback"])),
+        ("rollback", ROLLBACK[facts["rollback"]]),
+        ("speculation", "yes" if facts["can_roll_back"] else "no: auto decodes it plainly"),
     ]
 
 
+def _state(n: int, rollback: str) -> str:
+    if not n:
+        return "none"
+    return f"{_size(n)} per sequence" + (", and as much per snapshot" if rollback == "snapshots" else "")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
+
+
 def pairing(target: Model, draft: Model) -> str | None:
-    """None when draft can draft for target; otherwise why not."""
-    return vocab.incompatibility(target, draft) or (
-        f"draft: {draft.rollback_problem()}" if draft.rollback_problem() else None
-    )
+    """None when draft can draft for target; otherwise why not. A draft's own cache never needs to roll
+    back (a recurrent one drafts in a copy of its state), so only the vocabularies must agree."""
+    return vocab.incompatibility(target, draft)

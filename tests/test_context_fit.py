@@ -1,0 +1,51 @@
+"""The context fits the models: with no -c, the smaller of 4,096 tokens and what the target was trained
+for, and for the draft the smaller of that and its own; only an explicit -c beyond a trained length is
+an error. Every command makes its contexts through Session, so generate, bench, serve and --rpc runs
+share this."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import config, run_engine
+from test_cli import one_line_error, specdec
+from specdec_cli.engine.events import Notice
+from specdec_cli.engine.stats import collect
+from specdec_cli.options import CTX_SIZE
+from specdec_cli.session import open_session
+
+
+def test_a_model_trained_for_fewer_tokens_runs_with_no_context_given(capsys, models):
+    code, out, err = specdec(capsys, "generate", "hello", "--target", str(models["short_ctx"]), "-n", "8", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["config"]["ctx_size"] == 1024 and doc["stats"]["generated_tokens"] == 8
+
+
+def test_an_explicit_context_beyond_the_trained_length_is_one_error(capsys, models):
+    code, _, err = specdec(capsys, "generate", "hello", "--target", str(models["short_ctx"]), "-c", "2048")
+    assert code == 2
+    assert "a context of 2,048 tokens is more than target short_ctx.gguf was trained for (1,024)" in one_line_error(err)
+    code, out, err = specdec(capsys, "generate", "hi", "--target", str(models["short_ctx"]), "-c", "1024", "--json")
+    assert code == 0 and json.loads(out)["config"]["ctx_size"] == 1024, err
+
+
+def test_the_default_is_4096_for_a_model_trained_for_more(capsys, models):
+    code, out, _ = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "-n", "2", "--json")
+    assert code == 0 and json.loads(out)["config"]["ctx_size"] == CTX_SIZE
+
+
+def test_a_draft_trained_for_less_gets_its_own_context_and_stops_drafting_when_the_text_outgrows_it(models):
+    """Target 4,096 tokens, draft 1,024: past the draft's context the output is still target-only output."""
+    prompt = "abcdefghij" * 99  # 991 tokens: the answer crosses 1,024
+    with open_session(config(models, "short_ctx", ctx_size=None, max_tokens=80)) as s:
+        assert (s.target_ctx.n_ctx, s.draft_ctx.n_ctx) == (CTX_SIZE, 1024)
+        events = list(s.generate(s.prompt_tokens(prompt), draft_tokens=4))
+        notices = [e.message for e in events if isinstance(e, Notice)]
+        drafted = collect(iter(events)).tokens
+        plain = run_engine(s, prompt, drafter="none")[0]
+    assert drafted == plain and len(plain) == 80
+    assert notices == [
+        "draft short_ctx.gguf has a context of 1,024 tokens (as it was trained) and the text outgrew it: "
+        "it no longer drafts; the output is unaffected"
+    ]
