@@ -19,7 +19,7 @@ from conftest import config, run_engine, same_distribution, sample_counts
 
 from specdec_cli.backend.native import Context, Model
 from specdec_cli.engine import tree as tree_module
-from specdec_cli.engine.events import Round, Token
+from specdec_cli.engine.events import Round, Stopped, Token
 from specdec_cli.engine.kv import Sequence
 from specdec_cli.engine.sampling import Sampler
 from specdec_cli.engine.stats import collect
@@ -142,16 +142,20 @@ def test_random_early_stops_leave_both_caches_holding_the_committed_text(open_pa
             seed=trial,
         )
         stream = s.generate(prompt, **kw)
-        emitted, stop_after = 0, int(rng.integers(0, 12))
+        emitted, eos, stop_after = 0, False, int(rng.integers(0, 12))
         for i, event in enumerate(stream):
             emitted += isinstance(event, Token)
+            eos |= isinstance(event, Stopped) and event.reason == "eos"
             if i == stop_after:
                 break
         stream.close()
         lo, hi = s.target_ctx.seq_pos_range(0)
         # One state, at the position it stands at: at least the tokens seen (a round's are committed before
         # the first is yielded), at most the prompt plus every token the budget allows, minus the last one.
-        assert lo == hi and len(prompt) + emitted - 2 <= hi <= len(prompt) + kw["max_tokens"] - 2, trial
+        # An end-of-generation draft token accepted first leaves nothing of the verify batch to keep: the
+        # whole decode goes, further back than any snapshot, and the state is cleared (the run is over).
+        kept = lo == hi and len(prompt) + emitted - 2 <= hi <= len(prompt) + kw["max_tokens"] - 2
+        assert kept or eos and (lo, hi) == (-1, -1), (trial, lo, hi)
         assert s.target_ctx.seq_pos_range(1) == (-1, -1)  # the target never forks
         assert s.draft_ctx.seq_pos_range(1) == (-1, -1), trial  # no draft copy is left behind
         # The next run starts from empty caches and still gives target-only output.
@@ -174,6 +178,10 @@ def test_a_rollback_past_the_snapshots_clears_the_state_and_the_text_is_fed_agai
         fresh = Sequence.empty(ctx)
         fresh.append(tokens[:12])
         assert np.array_equal(fresh.append(tokens[12:13])[0], row)  # the snapshot was the true state
+        # The whole last decode cannot go: llama.cpp would take it (3 <= 4 snapshots), from a stale snapshot.
+        fresh.append(tokens[13:16])
+        fresh.rollback(13)
+        assert len(fresh) == 0 and ctx.seq_pos_range(0) == (-1, -1)
 
 
 def test_trees_and_exact_mode_are_refused_in_one_line(models, capsys):
@@ -264,3 +272,26 @@ def test_the_memory_check_counts_the_snapshots(capsys, models, monkeypatch):
     assert "or -k (a snapshot per draft token)" in err
     code, _, err = specdec(capsys, *args, "-k", "4", "-n", "4")
     assert code == 0, err
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_recurrent_draft_drafts_in_a_copy_and_keeps_its_own_state(models, arch):
+    """Drafted on its own state, a rejection would reach past the snapshots of its one-token decodes and
+    clear it (correct, but the draft would read the whole text again every round)."""
+    from specdec_cli.engine.drafters import ModelDrafter
+
+    with Model(models[f"{arch}_same"]) as m, Context(m, n_ctx=256, n_threads=2, n_seq=2) as ctx:
+        prompt = m.tokenize("The quick brown fox", special=True)
+        drafter = ModelDrafter(Sequence.empty(ctx))
+        drafter.prefill(prompt[:-1])
+        rng = np.random.default_rng(0)
+        draft = drafter.propose(prompt, 4, Sampler(), rng)
+        assert len(draft.tokens) == 4 and len(drafter.tree) == 2  # d2, d3 went to the copy (d4 is never decoded)
+        drafter.rollback(len(prompt) + 1)  # d1 accepted, d2 rejected: the copy goes
+        drafter.check([*prompt, draft.tokens[0], 0])
+        assert len(drafter.seq) == len(prompt) and len(drafter.tree) == 1  # its own state, not cleared
+        committed = [*prompt, draft.tokens[0], 7]
+        draft = drafter.propose(committed, 4, Sampler(), rng)
+        drafter.rollback(len(committed) + 4)  # all four accepted, and a bonus: the copy takes the state's place
+        assert drafter.seq.tokens == [*committed, *draft.tokens[:3]] and len(drafter.tree) == 1
+        assert ctx.seq_pos_range(0) == (len(committed) + 2,) * 2 and ctx.seq_pos_range(1) == (-1, -1)
