@@ -151,6 +151,7 @@ def bench(
     with ExitStack() as stack:
         sessions = {mode: stack.enter_context(open_session(replace(cfg, exact=mode), longest)) for mode in modes}
         n_ctx = sessions[modes[0]].target_ctx.n_ctx
+        sessions[modes[0]].check_branches(max(branch_list))  # trees on a recurrent model: refused before any row
         if n_ctx < need:  # fitted to a target trained for fewer tokens
             raise UsageError(
                 f"bench needs a context of at least {need} tokens, and {cfg.target.name} has {n_ctx}: {why}"

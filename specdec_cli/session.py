@@ -121,7 +121,7 @@ class Session:
                     f"draft {self.draft.name} cannot draft for target {self.target.name}: {why}",
                     hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
                 )
-        self._check_branches(cfg.branches)
+        self.check_branches(cfg.branches)
         n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, self.draft)
         # The target drops a rejected tail of up to max_draft tokens: a recurrent target keeps that many
         # snapshots of its state (the verify batch of max_draft + 1 tokens holds them all).
@@ -168,7 +168,7 @@ class Session:
             )
         return drafter
 
-    def _check_branches(self, branches: int) -> None:
+    def check_branches(self, branches: int) -> None:
         recurrent = [m for m in (self.target, self.draft) if m is not None and m.recurrent]
         if branches > 1 and recurrent:
             raise UsageError(
@@ -246,7 +246,7 @@ class Session:
         self._lookup_sources = (instruction, self.lookup_corpus() if corpus is CACHED else corpus)
         k = overrides.pop("draft_tokens", self.cfg.draft_tokens)
         branches = overrides.pop("branches", self.cfg.branches)
-        self._check_branches(branches)
+        self.check_branches(branches)
         settings = Settings(
             AUTO_K_MAX, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug, self.cfg.exact
         )

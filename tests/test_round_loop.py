@@ -33,6 +33,7 @@ class FakeContext:
     """A KV cache that is a list of token ids per sequence; logits that make t+1 the argmax after t."""
 
     n_ctx, n_batch, n_vocab, n_seq = 256, 64, VOCAB, 4
+    max_rollback = None  # cells: any tail can go (native.Context)
     model = FakeModel()
 
     def __init__(self) -> None:
