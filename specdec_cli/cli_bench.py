@@ -201,6 +201,7 @@ def bench(
             f"specdec bench: {cfg.target.name}" + (f" <- {cfg.draft.name}" if cfg.draft else "")
             + (f" (target on {sessions[modes[0]].where})" if cfg.rpc else "")
             + f", {len(prompt_list)} prompts, {max_tokens} tokens each, {cfg.threads} threads, {doc['machine']['cpu']}"
+            + f" ({doc['machine']['cpu_features']})"
         )  # fmt: skip
         ui.show_bench(rows, doc["cost_curve"], doc["recommendation"], header, doc.get("cost_curve_exact"))
         if interrupted:
