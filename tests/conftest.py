@@ -13,7 +13,7 @@ from tiny_models import write_fixture_set  # noqa: E402
 
 from specdec_cli.engine import costmodel  # noqa: E402
 from specdec_cli.models import store  # noqa: E402
-from specdec_cli.models.catalog import QWEN_DRAFT, QWEN_TARGET, SMOLLM2, KnownModel  # noqa: E402
+from specdec_cli.models.catalog import GEMMA3, QWEN_DRAFT, QWEN_TARGET, SMOLLM2, KnownModel  # noqa: E402
 from specdec_cli.engine.stats import Stats, collect  # noqa: E402
 from specdec_cli.session import RunConfig, open_session  # noqa: E402
 
@@ -48,6 +48,12 @@ def gguf(model: KnownModel, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory) -> Path:
     return gguf(SMOLLM2, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def gemma3(tmp_path_factory) -> Path:
+    """Gemma 3 270M (sliding-window attention): where the `models` extra installed it."""
+    return gguf(GEMMA3, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

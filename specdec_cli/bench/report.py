@@ -10,6 +10,7 @@ import os
 import platform
 from pathlib import Path
 
+from ..backend.cpu import features as cpu_features
 from ..engine.costmodel import Costs, predicted_speedup
 from ..engine.stats import Stats
 from .runner import RowResult
@@ -156,6 +157,8 @@ def machine() -> dict:
 
     return {
         "cpu": cpu,
+        # ggml's kernels on this CPU (AVX2, AVX-512, VNNI...): they shape the cost curve
+        "cpu_features": cpu_features(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

