@@ -76,19 +76,25 @@ def add_noise(weights: dict[str, np.ndarray], seed: int, rel: float) -> dict[str
     return out
 
 
+def start(path: Path, arch: str, context_length: int, n_layer: int, head_count_kv: int | list[int]) -> GGUFWriter:
+    """A writer with the hyperparameters every fixture shares (its width, heads and feed-forward size)."""
+    w = GGUFWriter(str(path), arch)
+    w.add_name(path.stem)
+    w.add_context_length(context_length)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(head_count_kv)
+    return w
+
+
 def write_model(
     path: Path, weights: dict[str, np.ndarray], tokens: list[str], chat_template: str | None = None,
     types: list[TokenType] | None = None, context_length: int = N_CTX_TRAIN,
 ) -> Path:  # fmt: skip
     """context_length: the context it was "trained" for (llama.cpp's n_ctx_train), which bounds -c."""
-    w = GGUFWriter(str(path), "llama")
-    w.add_name(path.stem)
-    w.add_context_length(context_length)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
+    w = start(path, "llama", context_length, N_LAYER, N_HEAD_KV)
     w.add_rope_dimension_count(N_EMBD // N_HEAD)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(0)  # all F32
@@ -180,14 +186,7 @@ def write_lfm2(
     path: Path, weights: dict[str, np.ndarray], tokens: list[str], context_length: int = N_CTX_TRAIN
 ) -> Path:  # fmt: skip
     """A hybrid whose recurrent layers keep only a short-conv window: the cheapest snapshots."""
-    w = GGUFWriter(str(path), "lfm2")
-    w.add_name(path.stem)
-    w.add_context_length(context_length)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(len(LFM2_HEAD_COUNT_KV))
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(LFM2_HEAD_COUNT_KV)
+    w = start(path, "lfm2", context_length, len(LFM2_HEAD_COUNT_KV), LFM2_HEAD_COUNT_KV)
     w.add_shortconv_l_cache(LFM2_L_CACHE)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
@@ -255,14 +254,7 @@ def write_qwen35(
     path: Path, weights: dict[str, np.ndarray], tokens: list[str], context_length: int = N_CTX_TRAIN
 ) -> Path:  # fmt: skip
     """A hybrid whose recurrent layers keep a DeltaNet matrix state per head: large snapshots."""
-    w = GGUFWriter(str(path), "qwen35")
-    w.add_name(path.stem)
-    w.add_context_length(context_length)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(QWEN35_LAYERS)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
+    w = start(path, "qwen35", context_length, QWEN35_LAYERS, N_HEAD_KV)
     w.add_key_length(QWEN35_HEAD_DIM)
     w.add_value_length(QWEN35_HEAD_DIM)
     w.add_rope_dimension_count(QWEN35_ROPE_DIM)
