@@ -12,7 +12,7 @@ import typer
 from . import config, options, signals, ui
 from .cli_common import model_location, run_config
 from .bench import report, runner, suite
-from .engine import costmodel
+from .drafting import cost as costmodel
 from .errors import UsageError
 from .outputs import output_path, write_atomic
 from .options import DRAFTERS

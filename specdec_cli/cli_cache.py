@@ -1,10 +1,11 @@
-"""`specdec cache ...`: the lookup cache, earlier answers that lookup drafts from (specdec_cli/lookup_cache.py)."""
+"""`specdec cache ...`: the lookup cache, earlier answers that lookup drafts from (specdec_cli/drafting/cache.py)."""
 
 from __future__ import annotations
 
 import typer
 
-from . import lookup_cache, ui
+from . import ui
+from .drafting import cache as lookup_cache
 
 app = typer.Typer(help="The lookup cache: earlier answers that lookup drafts from.", no_args_is_help=True)
 

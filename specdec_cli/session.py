@@ -8,19 +8,18 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Iterator
 
+from . import drafting
 from .backend import rpc, vocab
 from .backend.native import Context, Model
-from .engine import costmodel
-from .engine.auto import AutoDrafter
-from .engine.drafters import Drafter, ModelDrafter, NoDrafter
-from .engine.corpus import Corpus
-from .engine.lookup import LookupDrafter
-from .hints import hints_in, renames_in
-from . import lookup_cache
+from .drafting import cache as lookup_cache
+from .drafting import cost
+from .drafting.corpus import Corpus
+from .engine import kv
 from .engine.events import Event
 from .engine.kv import Sequence
 from .engine.speculative import Settings, generate
 from .errors import SpecdecError, UsageError
+from .text import with_text
 from . import options
 from .options import AUTO_K_MAX, CTX_SIZE, MAX_BRANCHES, MAX_DRAFT_TOKENS, MIN_CTX, RunConfig  # noqa: F401 (RunConfig: re-exported)
 
@@ -109,10 +108,10 @@ class Session:
         self.drafter = self._speculation(cfg)  # the drafter, "none" where the target cannot roll back
         draft = cfg.draft and self.drafter != "none"
         self.draft = stack.enter_context(Model(cfg.draft, devices=local)) if draft else None
-        self._costs: costmodel.Costs | None = None
         self._corpus: Corpus | None = None
         self._lookup_sources: tuple[str, Corpus | None] = ("", None)
         self._held: dict[Context, Sequence] = {}  # what a finished run left in each cache (reuse)
+        self._held_at = 0  # the cost curve's measurements by then: a later one emptied the caches
         self._taken: list[Sequence] = []  # the sequences the current run took out of _held
         if self.draft is not None:
             why = vocab.incompatibility(self.target, self.draft)
@@ -143,6 +142,7 @@ class Session:
             stack.enter_context(Context(self.draft, n_ctx=draft_n_ctx, n_seq=seqs[self.draft], **ctx))
             if self.draft else None
         )  # fmt: skip
+        self.curve = cost.Curve(self.target_ctx, self.draft_ctx, AUTO_K_MAX + 1)
         if servers:
             rpc.watch_connections()  # a server machine that vanishes ends the run instead of hanging it
         if self.target_ctx.other_backends:
@@ -259,73 +259,50 @@ class Session:
         # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
         # reused prefix holds exactly the cells a cold run computes.
         settings = replace(settings, prompt_kernels=not reuse)
-        return self._run(self._able(drafter or self.drafter), k, tokens, branches, settings, reuse)
+        run = replace(self.cfg, draft_tokens=k or None, branches=branches)  # (interim, until the config merge)
+        return self._run(self._able(drafter or self.drafter), run, tokens, settings, reuse)
 
-    def _run(
-        self, name: str, k: int | None, tokens: list[int], branches: int, settings: Settings, reuse: bool
-    ) -> Iterator[Event]:
+    def _run(self, name: str, run: RunConfig, tokens: list[int], settings: Settings, reuse: bool) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other.
         self._taken = []
-        drafter = self._drafter(name, k, tokens, branches, reuse)  # (measuring costs clears the caches: first)
+        instruction, corpus = self._lookup_sources
+        drafter = drafting.build(
+            name,
+            drafting.Sources(
+                k=run.draft_tokens, costs=functools.partial(self.curve.get, tokens),
+                draft=(lambda: self._sequence(self.draft_ctx, tokens, reuse)) if self.draft_ctx else None,
+                p_min=run.p_min, branches=run.branches, p_split=run.p_split, max_nodes=MAX_DRAFT_TOKENS,
+                vocab=self.target.n_vocab, lookup_branches=MAX_BRANCHES if self.target.rollback == "cells" else 1,
+                instruction=instruction, corpus=corpus, tokenize=functools.partial(self.target.tokenize, special=False),
+                piece=self.target.piece,
+            ),
+        )  # fmt: skip
         main = self._sequence(self.target_ctx, tokens, reuse)
         try:
-            yield from generate(main, drafter, tokens, settings)
+            yield from with_text(generate(main, drafter, tokens, settings), self.target.piece)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole
-            self._held.update((s.ctx, s) for s in self._taken)
+            self._hold()
             raise
-        self._held.update((s.ctx, s) for s in self._taken)  # (a run that fails leaves nothing to trust)
+        self._hold()  # (a run that fails leaves nothing to trust)
+
+    def _hold(self) -> None:
+        self._held.update((s.ctx, s) for s in self._taken)
+        self._held_at = self.curve.measurements
 
     def _sequence(self, ctx: Context, tokens: list[int], reuse: bool) -> Sequence:
         """Sequence 0 of a context, out of _held for this run: empty, or (reuse) what it held after the
         run before, back to the longest prefix it shares with the prompt but its last token (forks dropped)."""
         seq = self._held.pop(ctx, None)
-        if reuse and seq is not None:
+        if reuse and seq is not None and self._held_at == self.curve.measurements:
             held, prompt = seq.tokens, tokens[:-1]
             n = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt)))
-            for s in range(1, ctx.n_seq):
-                ctx.seq_rm(s, -1, -1)  # removing a whole sequence never fails
+            kv.clear(ctx, range(1, ctx.n_seq))
             seq.rollback(n)
         else:
             seq = Sequence.empty(ctx)
         self._taken.append(seq)
         return seq
-
-    def _drafter(self, name: str, k: int | None, tokens: list[int], branches: int = 1, reuse: bool = False) -> Drafter:
-        if name == "none":
-            return NoDrafter()
-        costs = self.costs(tokens) if name == "auto" or k is None else None
-        model = None
-        if self.draft_ctx is not None:
-            draft_seq = self._sequence(self.draft_ctx, tokens, reuse)
-            model = ModelDrafter(
-                draft_seq, self.cfg.p_min, branches, self.cfg.p_split, MAX_DRAFT_TOKENS, vocab=self.target.n_vocab
-            )
-        if name == "model" and model is None:
-            raise UsageError("--drafter model needs a draft model", hint="pass --draft PATH")
-        if name == "model" and k is not None:
-            return model
-        if name == "lookup" and k is not None:
-            return LookupDrafter()
-        # auto, or -k auto for one drafter: the cost model chooses every round (and may decode plainly).
-        return AutoDrafter(
-            costs, self._lookup() if name in ("auto", "lookup") else None,
-            model if name in ("auto", "model") else None,
-            MAX_BRANCHES if self.target.rollback == "cells" else 1,  # a lookup tree forks the target's state
-        )  # fmt: skip
-
-    def _lookup(self) -> LookupDrafter:
-        instruction, corpus = self._lookup_sources
-        tokens = functools.partial(self.target.tokenize, special=False)
-        hints = tuple(tuple(tokens(space + name)) for name in hints_in(instruction) for space in ("", " "))
-        renames = tuple(
-            (tuple(tokens(space + old)), tuple(tokens(space + new)))
-            for old, new in renames_in(instruction) for space in ("", " ")
-        )  # fmt: skip
-        return LookupDrafter(corpus=corpus, hints=hints, newline=self._newline, renames=renames)
-
-    def _newline(self, token: int) -> bool:
-        return b"\n" in self.target.piece(token)
 
     def lookup_corpus(self) -> Corpus | None:
         """The lookup cache's answers for this target's vocabulary, loaded once per session (None: off)."""
@@ -345,15 +322,10 @@ class Session:
             lookup_cache.save(self.vocab_key, answer)
             self._corpus = None  # a later run of this session (a server's next request) drafts from it too
 
-    def costs(self, tokens: list[int], measured: costmodel.Costs | None = None) -> costmodel.Costs:
-        """This machine's costs, measured once per session and refined as auto runs: quickly (about a
-        second) on first use, unless a measurement is handed in (the bench's thorough one)."""
-        if measured is not None:
-            self._costs = measured.copy(AUTO_K_MAX + 1)  # auto refines its own copy, sized for its drafts
-        elif self._costs is None:
-            self._held = {}  # measuring decodes into both caches
-            self._costs = costmodel.measure(self.target_ctx, self.draft_ctx, tokens, AUTO_K_MAX + 1)
-        return self._costs
+    def costs(self, tokens: list[int], measured: cost.Costs | None = None) -> cost.Costs:
+        """This machine's costs, measured on first use (about a second; it empties both caches) unless a
+        measurement is handed in (the bench's thorough one), and refined as auto runs."""
+        return self.curve.adopt(measured) if measured is not None else self.curve.get(tokens)
 
 
 class open_session:

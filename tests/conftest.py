@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import write_fixture_set  # noqa: E402
 
-from specdec_cli.engine import costmodel  # noqa: E402
+from specdec_cli.drafting import cost as costmodel  # noqa: E402
 from specdec_cli.models import store  # noqa: E402
 from specdec_cli.models.catalog import GEMMA3, QWEN_DRAFT, QWEN_TARGET, SMOLLM2, KnownModel  # noqa: E402
 from specdec_cli.engine.stats import Stats, collect  # noqa: E402

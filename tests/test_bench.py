@@ -12,7 +12,7 @@ import pytest
 
 from specdec_cli.bench import report, suite
 from specdec_cli.cli import main
-from specdec_cli.engine.costmodel import Costs, expected_tokens_per_round, predicted_speedup
+from specdec_cli.drafting.cost import Costs, expected_tokens_per_round, predicted_speedup
 from specdec_cli.errors import UsageError
 
 
@@ -116,11 +116,11 @@ def test_predicted_speedup_arithmetic():
     # E = (1 - 0.8^4) / 0.2 = 2.952; cost = 3 * 6 ms + 87 ms = 105 ms; 2.952 * 30 / 105 = 0.8434
     assert predicted_speedup(curve, 0.8, 3) == pytest.approx(2.952 * 0.030 / 0.105)
     assert predicted_speedup(curve, 0.8, 0) == 1.0
-    assert curve.c == pytest.approx(0.2) and curve.relative(4) == pytest.approx(2.9)
+    assert curve.draft_ratio == pytest.approx(0.2) and curve.relative(4) == pytest.approx(2.9)
 
 
 def test_the_bench_measures_once_and_auto_starts_from_that_measurement(capsys, models, tmp_path, monkeypatch):
-    from specdec_cli.engine import auto, costmodel
+    from specdec_cli.drafting import auto, cost as costmodel
 
     calls, seen = [], []
     real_measure, real_init = costmodel.measure, auto.AutoDrafter.__init__
@@ -223,7 +223,7 @@ def test_predicted_speedup_counts_the_drafts_catch_up_and_plain_cost():
     draft_round = 3 * 0.006 + 0.8**3 * 0.004
     assert curve.draft_round(0.8, 3) == pytest.approx(draft_round)
     assert predicted_speedup(curve, 0.8, 3) == pytest.approx(2.952 * 0.028 / (draft_round + 0.087))
-    assert curve.c == pytest.approx(0.006 / 0.028)
+    assert curve.draft_ratio == pytest.approx(0.006 / 0.028)
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from conftest import run_engine, same_distribution, sample_counts
 
-from specdec_cli.engine.auto import AutoDrafter
-from specdec_cli.engine.costmodel import Costs, best_length, expected_tokens
-from specdec_cli.engine.drafters import Draft, Outcome
-from specdec_cli.engine.lookup import LookupDrafter, longest_match
+from specdec_cli.drafting.auto import AutoDrafter
+from specdec_cli.drafting.cost import Costs, best_length, expected_tokens
+from specdec_cli.engine.drafter import Draft, Outcome
+from specdec_cli.drafting.lookup import LookupDrafter, longest_match
 from specdec_cli.engine.sampling import Sampler
 
 GREEDY = Sampler()
@@ -181,7 +181,7 @@ def test_costs_interpolate_and_learn_online():
 
 
 def test_quick_measurement_times_a_few_sizes_and_the_thorough_one_every_size(open_pair):
-    from specdec_cli.engine.costmodel import measure
+    from specdec_cli.drafting.cost import measure
 
     s = open_pair("draft", drafter="auto")
     tokens = s.prompt_tokens("def f(x):")
@@ -211,12 +211,12 @@ def test_auto_learns_lookup_acceptance_from_rounds_it_did_not_draft():
     """A plain round still tells whether lookup's first token was right: the learner gets it for free."""
     auto = AutoDrafter(linear_curve(), LookupDrafter(), None)
     committed = [1, 2, 3, 9, 1, 2, 3]
-    before = auto.lookup_accept.mean(3)
+    before = auto.source_accept["copy", 1].mean(3)
     for _ in range(20):
         draft = auto.propose(committed, 8, GREEDY, RNG)
         assert draft.tokens == []
         auto.observe(draft, Outcome(path=[], token=9, draft_seconds=0.0, verify_seconds=0.03))  # lookup's guess
-    assert auto.lookup_accept.mean(3) > max(before, 0.9)
+    assert auto.source_accept["copy", 1].mean(3) > max(before, 0.9)
 
 
 def test_auto_prefers_plain_to_a_draft_model_that_costs_too_much():

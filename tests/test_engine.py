@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import run_engine, same_distribution, sample_counts
 
-from specdec_cli.engine.detok import Detokenizer
+from specdec_cli.text import Detokenizer
 from specdec_cli.engine.events import Origin, Round, Stopped, Token
 from specdec_cli.engine.kv import Sequence
 from specdec_cli.engine.sampling import Sampler

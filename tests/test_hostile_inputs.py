@@ -455,7 +455,7 @@ def test_bench_temperatures_are_finite(capsys, models, temps):
 
 def test_the_bench_recommendation_without_a_draft_model_has_real_numbers():
     from specdec_cli.bench import report
-    from specdec_cli.engine.costmodel import Costs
+    from specdec_cli.drafting.cost import Costs
 
     curve = Costs({1: 0.028, 2: 0.05, 3: 0.069, 4: 0.081, 5: 0.1}, draft=None)
     rows = [{"drafter": d, "draft_tokens": k, "temp": 0.0, "category": "all", "speedup": s, "accept_rate": 0.3,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from conftest import config, run_engine
 
-from specdec_cli import lookup_cache
-from specdec_cli.engine.corpus import Corpus
+from specdec_cli.drafting import cache as lookup_cache
+from specdec_cli.drafting.corpus import Corpus
 from specdec_cli.session import open_session
 
 KEY = "0123456789abcdef"
@@ -73,7 +73,7 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_the_cache_rebuilds(own_loo
 
 WRITER = """
 import sys
-from specdec_cli import lookup_cache
+from specdec_cli.drafting import cache as lookup_cache
 import numpy as np
 which, bound = int(sys.argv[1]), int(sys.argv[2])
 for i in range(150):

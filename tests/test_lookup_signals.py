@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_cli.engine.auto import AutoDrafter
-from specdec_cli.engine.costmodel import Costs, best_tree
-from specdec_cli.engine.drafters import Draft, Outcome
-from specdec_cli.engine.lookup import Candidate, LookupDrafter, occurrences
+from specdec_cli.drafting.auto import AutoDrafter
+from specdec_cli.drafting.cost import Costs, best_tree
+from specdec_cli.engine.drafter import Draft, Outcome
+from specdec_cli.drafting.lookup import Candidate, LookupDrafter, occurrences
 from specdec_cli.engine.sampling import Sampler
-from specdec_cli.engine.tree import Tree
-from specdec_cli.hints import hints_in, renames_in
+from specdec_cli.engine.shapes import Tree
+from specdec_cli.drafting.hints import hints_in, renames_in
 
 GREEDY = Sampler()
 RNG = np.random.default_rng(0)
@@ -112,7 +112,7 @@ def test_an_ambiguous_match_offers_each_continuation():
 
 
 def test_earlier_answers_are_a_candidate():
-    from specdec_cli.engine.corpus import Corpus
+    from specdec_cli.drafting.corpus import Corpus
 
     corpus = Corpus([np.array([60, 61, 62, 63, 64, 65])])
     c = LookupDrafter(corpus=corpus).candidates([1, 2, 61, 62, 63], 3)
@@ -176,8 +176,11 @@ def test_auto_learns_lookup_apart_where_the_target_hesitated():
     sure_before = auto._chances(copy)
 
     def round_after(sure: bool, offered: list[Candidate]) -> None:
-        auto._candidates = offered  # what propose offered this round; the target wrote something else
-        auto.observe(Draft([], None), Outcome(path=[], token=999, draft_seconds=0, verify_seconds=0.04, sure=sure))
+        # What propose offered this round, carried by the draft; the target wrote something else.
+        auto.observe(
+            Draft([], None, offers=tuple(offered)),
+            Outcome(path=[], token=999, draft_seconds=0, verify_seconds=0.04, sure=sure),
+        )
 
     round_after(False, [])
     for _ in range(10):
@@ -190,7 +193,7 @@ def test_auto_learns_lookup_apart_where_the_target_hesitated():
 class DraftModelStandIn:
     """What auto asks of a draft model it never drafts with (it failed), recording rollbacks."""
 
-    failed, branches = True, 1
+    failed, max_branches = True, 1
 
     def __init__(self):
         self.rollbacks: list[tuple[int, int]] = []
@@ -198,7 +201,7 @@ class DraftModelStandIn:
     def take_notice(self):
         return None
 
-    def rollback(self, n: int, winner: int = 0) -> None:
+    def rollback(self, n: int, draft=None, winner: int = 0) -> None:
         self.rollbacks.append((n, winner))
 
 
@@ -206,6 +209,6 @@ def test_a_lookup_trees_winning_branch_is_not_asked_of_the_draft_models_cache():
     """The draft model has only its main sequence: after a lookup tree won on branch 1, it rolls back as a chain."""
     model = DraftModelStandIn()
     auto = AutoDrafter(flat_then_rising(), LookupDrafter(), model, max_branches=8)
-    auto.propose([1, 2, 3, 7, 8, 1, 2, 3, 9, 9, 1, 2, 3], 8, GREEDY, RNG)
-    auto.rollback(14, winner=1)
+    draft = auto.propose([1, 2, 3, 7, 8, 1, 2, 3, 9, 9, 1, 2, 3], 8, GREEDY, RNG)
+    auto.rollback(14, draft, winner=1)
     assert model.rollbacks == [(14, 0)]

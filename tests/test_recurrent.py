@@ -18,7 +18,7 @@ import pytest
 from conftest import config, run_engine, same_distribution, sample_counts
 
 from specdec_cli.backend.native import Context, Model
-from specdec_cli.engine import tree as tree_module
+from specdec_cli.engine import shapes as tree_module
 from specdec_cli.engine.events import Round, Stopped, Token
 from specdec_cli.engine.kv import Sequence
 from specdec_cli.engine.sampling import Sampler
@@ -278,7 +278,7 @@ def test_the_memory_check_counts_the_snapshots(capsys, models, monkeypatch):
 def test_a_recurrent_draft_drafts_in_a_copy_and_keeps_its_own_state(models, arch):
     """Drafted on its own state, a rejection would reach past the snapshots of its one-token decodes and
     clear it (correct, but the draft would read the whole text again every round)."""
-    from specdec_cli.engine.drafters import ModelDrafter
+    from specdec_cli.drafting.model import ModelDrafter
 
     with Model(models[f"{arch}_same"]) as m, Context(m, n_ctx=256, n_threads=2, n_seq=2) as ctx:
         prompt = m.tokenize("The quick brown fox", special=True)
@@ -286,12 +286,12 @@ def test_a_recurrent_draft_drafts_in_a_copy_and_keeps_its_own_state(models, arch
         drafter.prefill(prompt[:-1])
         rng = np.random.default_rng(0)
         draft = drafter.propose(prompt, 4, Sampler(), rng)
-        assert len(draft.tokens) == 4 and len(drafter.tree) == 2  # d2, d3 went to the copy (d4 is never decoded)
-        drafter.rollback(len(prompt) + 1)  # d1 accepted, d2 rejected: the copy goes
+        assert len(draft.tokens) == 4 and len(drafter.cache) == 2  # d2, d3 went to the copy (d4 is never decoded)
+        drafter.rollback(len(prompt) + 1, draft)  # d1 accepted, d2 rejected: the copy goes
         drafter.check([*prompt, draft.tokens[0], 0])
-        assert len(drafter.seq) == len(prompt) and len(drafter.tree) == 1  # its own state, not cleared
+        assert len(drafter.seq) == len(prompt) and len(drafter.cache) == 1  # its own state, not cleared
         committed = [*prompt, draft.tokens[0], 7]
         draft = drafter.propose(committed, 4, Sampler(), rng)
-        drafter.rollback(len(committed) + 4)  # all four accepted, and a bonus: the copy takes the state's place
-        assert drafter.seq.tokens == [*committed, *draft.tokens[:3]] and len(drafter.tree) == 1
+        drafter.rollback(len(committed) + 4, draft)  # all four accepted, and a bonus: the copy takes the state's place
+        assert drafter.seq.tokens == [*committed, *draft.tokens[:3]] and len(drafter.cache) == 1
         assert ctx.seq_pos_range(0) == (len(committed) + 2,) * 2 and ctx.seq_pos_range(1) == (-1, -1)

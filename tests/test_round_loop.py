@@ -7,12 +7,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from specdec_cli.engine.drafters import Draft, Drafter
+from specdec_cli.engine.drafter import Draft, Drafter
 from specdec_cli.engine.events import Round, Stopped, Token
 from specdec_cli.engine.kv import Sequence
 from specdec_cli.engine.speculative import Settings, generate
 from specdec_cli.engine.stats import collect
-from specdec_cli.engine.tree import Tree
+from specdec_cli.engine.shapes import Tree
+from specdec_cli.text import with_text
 
 VOCAB = 64
 EOS = 63  # the target counts up to it: after 62 the text ends
@@ -94,7 +95,9 @@ class Script(Drafter):
 def rounds(prompt: list[int], drafter: Drafter, **settings) -> tuple[list[str], list[Round], list]:
     """Run the loop; per round, its tokens as origin letter + id ('D4': an accepted draft token 4)."""
     ctx = FakeContext()
-    events = list(generate(Sequence(ctx), drafter, prompt, Settings(debug=True, **settings)))
+    events = list(
+        with_text(generate(Sequence(ctx), drafter, prompt, Settings(debug=True, **settings)), ctx.model.piece)
+    )
     out, current = [], []
     for e in events:
         if isinstance(e, Token):
@@ -138,3 +141,23 @@ def test_a_tree_round_keeps_the_winning_branch():
     assert pattern == ["D4 D5 D6 B7", "C8", "P9"]
     assert (rs[0].branches, rs[0].winner, rs[0].drafted, rs[0].accepted) == (2, 1, 4, 3)
     assert (rs[1].branches, rs[1].winner) == (1, 0)
+
+
+def test_the_llama_cpp_context_and_the_fake_both_satisfy_the_engines_protocol(models):
+    """The engine is typed against engine/context.py alone: the real context and this file's fake must both
+    have every member it names, methods with the same parameters (a renamed one would break one of them)."""
+    import inspect
+
+    from specdec_cli.backend.native import Context as LlamaContext
+    from specdec_cli.backend.native import Model
+    from specdec_cli.engine import context
+
+    members = [n for n in dir(context.Context) if not n.startswith("_")] + list(context.Context.__annotations__)
+    with Model(models["target"]) as m, LlamaContext(m, n_ctx=64, n_threads=1) as real:
+        for ctx in (real, FakeContext()):
+            assert isinstance(ctx, context.Context) and isinstance(ctx.model, context.Model), type(ctx)
+            for name in members:
+                want = getattr(context.Context, name, None)
+                if callable(want):
+                    have = list(inspect.signature(getattr(ctx, name)).parameters)
+                    assert have == list(inspect.signature(want).parameters)[1:], (type(ctx), name, have)

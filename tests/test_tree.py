@@ -7,9 +7,9 @@ import pytest
 
 from conftest import FrozenCosts, config, run_engine, same_distribution, sample_counts
 from specdec_cli.engine.acceptance import greedy_tree_accept, multi_draft_accept, speculative_accept
-from specdec_cli.engine.auto import AutoDrafter
-from specdec_cli.engine.costmodel import Costs
-from specdec_cli.engine.drafters import ModelDrafter
+from specdec_cli.drafting.auto import AutoDrafter
+from specdec_cli.drafting.cost import Costs
+from specdec_cli.drafting.model import ModelDrafter
 from specdec_cli.engine.events import Round
 from specdec_cli.engine.kv import Branches, KVInvariantError, Sequence
 from specdec_cli.engine.sampling import Sampler

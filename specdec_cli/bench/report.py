@@ -11,7 +11,7 @@ import platform
 from pathlib import Path
 
 from ..backend.cpu import features as cpu_features
-from ..engine.costmodel import Costs, predicted_speedup
+from ..drafting.cost import Costs, predicted_speedup
 from ..engine.stats import Stats
 from .runner import RowResult
 from .suite import Prompt
@@ -92,7 +92,7 @@ def cost_curve(costs: Costs) -> dict:
         "plain_seconds_per_token": r(costs.plain),
         "draft_seconds_per_token": r(costs.draft),
         "draft_catch_up_seconds": r(costs.draft_catch_up),
-        "c": round(costs.c, 4) if costs.c is not None else None,
+        "c": round(costs.draft_ratio, 4) if costs.draft_ratio is not None else None,
     }
 
 
@@ -131,9 +131,7 @@ def recommendation(rows: list[dict], costs: Costs) -> str:
     top = max(costs.measured)  # the largest batch timed
     if costs.draft is not None:
         ceiling = max(predicted_speedup(costs, 1.0, j) for j in range(1, top))
-        why = (
-            f"A draft token costs c = {costs.c:.2f} of a target token and {verify}, so even a draft accepted every time"
-        )
+        why = f"A draft token costs c = {costs.draft_ratio:.2f} of a target token and {verify}, so even a draft accepted every time"
     else:  # lookup: drafting is free, only verification costs
         ceiling = max((j + 1) / costs.relative(j + 1) for j in range(1, top))
         why = f"Lookup drafts for free, but {verify}, so even a lookup right every time"

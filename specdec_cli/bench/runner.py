@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..engine.corpus import Corpus
+from ..drafting.corpus import Corpus
 from ..engine.sampling import Sampler
 from ..engine.events import Notice
 from ..engine.stats import Stats, collect

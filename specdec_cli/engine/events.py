@@ -24,7 +24,7 @@ class Prefilled:
 class Token:
     id: int
     origin: Origin
-    text: str  # "" while a multi-byte character is still incomplete
+    text: str = ""  # added by whoever knows the model (backend/detok.py); "" while a character is incomplete
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +50,7 @@ class Round:
 @dataclass(frozen=True, slots=True)
 class Stopped:
     reason: str  # "eos" | "max_tokens" | "context"
-    tail: str  # text still buffered by the detokenizer (bytes that never completed a character)
+    tail: str = ""  # text the detokenizer still held (bytes that never completed a character)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,14 +7,22 @@ in debug mode check, that a cache holds exactly a prefix of the committed text.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 
-from ..backend.native import Context
 from ..errors import SpecdecError
+from .context import Context
 
 
 class KVInvariantError(AssertionError):
     """A cache holds something other than what its Sequence says (only checked with --debug)."""
+
+
+def clear(ctx: Context, seq_ids: Iterable[int]) -> None:
+    """Empty these sequences of a context (removing a whole sequence never fails: nothing to check)."""
+    for s in seq_ids:
+        ctx.seq_rm(s, -1, -1)
 
 
 class Sequence:
@@ -29,8 +37,7 @@ class Sequence:
     @classmethod
     def empty(cls, ctx: Context, seq_id: int = 0) -> Sequence:
         """Sequence `seq_id` in a cache cleared of anything an earlier generation left (forks included)."""
-        for s in range(ctx.n_seq):
-            ctx.seq_rm(s, -1, -1)  # removing a whole sequence never fails
+        clear(ctx, range(ctx.n_seq))
         return cls(ctx, seq_id)
 
     def __len__(self) -> int:
@@ -69,7 +76,7 @@ class Sequence:
             return
         recurrent = self.ctx.max_rollback is not None
         if recurrent and len(self.tokens) - n > self._undo:
-            self.ctx.seq_rm(self.seq_id, -1, -1)  # removing a whole sequence never fails
+            clear(self.ctx, [self.seq_id])
             n = 0
         elif not self.ctx.seq_rm(self.seq_id, n, -1):
             raise SpecdecError(f"{self.ctx.model.name}: llama.cpp refused to remove positions {n}.. from its cache")
@@ -78,7 +85,7 @@ class Sequence:
 
     def fork(self, seq_id: int) -> Sequence:
         """A new sequence `seq_id` sharing this one's cells (no copy of the KV data in a unified cache)."""
-        self.ctx.seq_rm(seq_id, -1, -1)  # removing a whole sequence never fails
+        clear(self.ctx, [seq_id])
         self.ctx.seq_cp(self.seq_id, seq_id, -1, -1)
         return Sequence(self.ctx, seq_id, self.tokens)
 
@@ -149,11 +156,10 @@ class Branches:
             w = self.seqs[winner]
             ctx.seq_keep(w.seq_id)  # every cell outside the winner is freed, the main sequence's included
             ctx.seq_cp(w.seq_id, main.seq_id, -1, -1)
-            ctx.seq_rm(w.seq_id, -1, -1)
+            clear(ctx, [w.seq_id])
             main.tokens, main._undo = w.tokens, w._undo
         else:
-            for s in self.seqs[1:]:
-                ctx.seq_rm(s.seq_id, -1, -1)  # removing a whole sequence never fails
+            clear(ctx, [s.seq_id for s in self.seqs[1:]])
         del self.seqs[1:]
         main.rollback(n)
 

@@ -6,7 +6,7 @@ Committed text x[0..n); at the start of every round the target's cache holds x[0
   2. verify: ONE target decode over [last, d1..dk] at positions n-1..n-1+k, logits at every row;
   3. accept the longest accepted prefix d1..dm, then the target's correction (m < k) or bonus (m = k);
   4. roll both caches back to the committed text, in `finally`, so an early stop leaves them consistent.
-A tree draft (--branches) is a draft of another shape (engine/tree.py): one target decode over every
+A tree draft (--branches) is a draft of another shape (engine/shapes.py): one target decode over every
 branch, each in its own forked sequence; the longest accepted branch wins and becomes the main one.
 """
 
@@ -19,10 +19,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ..backend.native import Model
-from .detok import Detokenizer
-from .drafters import Draft, Drafter, Outcome
 from ..errors import SpecdecError
+from .context import Model
+from .drafter import EMPTY, Draft, Drafter, Outcome
 from .events import Event, Notice, Origin, Prefilled, Round, Stopped, Token
 from .kv import Branches, Sequence
 from .sampling import NonFiniteLogits, Sampler
@@ -35,12 +34,10 @@ class Settings:
     sampler: Sampler = Sampler()
     seed: int | None = None
     debug: bool = False  # check the KV invariant after every round
-    # Keep the target's KV cells in position order (exact mode: a row's attention sums the cells in
-    # cell order): after a tree round only the accepted nodes that lie in order stay; the rest are
-    # decoded again, in order, at the front of the next verify batch.
+    # Exact mode: keep the target's cells in position order (attention sums them in cell order); after a
+    # tree round the accepted nodes out of order are decoded again at the front of the next verify batch.
     ordered_cells: bool = False
-    # Exact mode: the prompt through the fast kernels (see Context.prompt_kernels). Off when the cache may
-    # be reused by a later prompt: then its cells must be those a lone decode computes, as every other's.
+    # Exact mode: the prompt through the fast kernels; off when a later prompt may reuse the cache.
     prompt_kernels: bool = True
 
 
@@ -50,13 +47,13 @@ SURE_SPAN = 20.0  # logits further below the token's add at most exp(-20) * 150k
 
 
 def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Settings) -> Iterator[Event]:
-    """Yield Prefilled, then Token... Round per round, then Stopped. The output is what the target
-    alone would produce (greedy: identical; sampling: identically distributed). `main` holds a prefix
-    of prompt[:-1] (usually nothing); the drafter's cache likewise."""
+    """Yield Prefilled, then Token... Round per round, then Stopped: token ids (text is added by whoever
+    knows the model). The output is what the target alone would produce (greedy: identical; sampling:
+    identically distributed). `main` holds a prefix of prompt[:-1] (usually nothing); the drafter's cache
+    likewise."""
     target = Branches(main)
     model = main.ctx.model
     sampler, rng = settings.sampler, np.random.default_rng(settings.seed)
-    detok = Detokenizer(model.piece)
 
     t0, cached = time.perf_counter(), len(main)  # `main` may hold a prefix of the prompt already
     with main.ctx.prompt_kernels() if settings.prompt_kernels else nullcontext():  # every run of it, alike
@@ -68,11 +65,11 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
     while True:
         generated = len(committed) - len(prompt)
         if generated >= settings.max_tokens:
-            yield Stopped(reason="max_tokens", tail=detok.flush())
+            yield Stopped(reason="max_tokens")
             return
         room = main.ctx.n_ctx - len(committed)  # the verify batch needs positions n-1 .. n-1+k < n_ctx
         if room < 0:
-            yield Stopped(reason="context", tail=detok.flush())
+            yield Stopped(reason="context")
             return
         if len(committed) - len(main) > main.ctx.n_batch // 2:  # a long lag (ordered_cells, a cleared state) alone
             main.append(committed[len(main) : -1])
@@ -83,14 +80,14 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             k = min(k, main.ctx.max_rollback)
 
         t_round = time.perf_counter()
-        winner, n_before, in_order = 0, len(committed), None
+        draft, winner, n_before, in_order = EMPTY, 0, len(committed), None
         try:
             draft = drafter.propose(committed, k, sampler, rng)  # 1. draft
             t_draft = time.perf_counter()
             rows = draft.shape.verify(target, feed, draft.tokens)  # 2. ONE target decode
             t_verify = time.perf_counter()
             path, token = _accept(rows, draft, sampler, rng, model, len(committed))  # 3. accept
-            sure = _sure(rows[path[-1] + 1 if path else 0], token, sampler) if drafter.wants_confidence else None
+            sure = _sure(rows[path[-1] + 1 if path else 0], token, sampler) if draft.wants_confidence else None
             winner = draft.shape.winner(path)
             new = [*(draft.tokens[i] for i in path), token]
             # Nothing after an end-of-generation token is output.
@@ -99,7 +96,9 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             if settings.ordered_cells:  # the last committed token's cell is n_before - 1; nodes follow it
                 in_order = n_before + draft.shape.in_order(path)
         finally:
-            rollback(target, drafter, len(committed) - 1, winner, in_order)  # 4. both caches back to the committed text
+            rollback(
+                target, drafter, draft, len(committed) - 1, winner, in_order
+            )  # 4. both caches back to the committed text
         seconds = time.perf_counter() - t_round
         if draft.notice:
             yield Notice(message=draft.notice)
@@ -114,7 +113,7 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             drafter.check(committed)
         origins = [Origin.DRAFT] * len(path) + [_origin(draft, path)]
         for t, origin in zip(new[:end], origins):
-            yield Token(id=t, origin=origin, text=detok.push(t))
+            yield Token(id=t, origin=origin)
         eog = end < len(new)
         emitted = end + eog  # an end-of-generation token counts, though it is not output
         yield Round(
@@ -133,11 +132,13 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             winner=winner,
         )
         if eog:
-            yield Stopped(reason="eos", tail=detok.flush())
+            yield Stopped(reason="eos")
             return
 
 
-def rollback(target: Branches, drafter: Drafter, n: int, winner: int = 0, in_order: int | None = None) -> None:
+def rollback(
+    target: Branches, drafter: Drafter, draft: Draft, n: int, winner: int = 0, in_order: int | None = None
+) -> None:
     """Rewind both caches to the committed text minus its last token (which the next round feeds); the
     target's to its first `in_order` tokens when fewer lie in position order (Settings.ordered_cells).
 
@@ -146,7 +147,7 @@ def rollback(target: Branches, drafter: Drafter, n: int, winner: int = 0, in_ord
     never decoded dk); that is fine: a cache may hold a prefix, and the next round feeds the gap.
     """
     target.settle(winner, n if in_order is None else min(n, in_order))
-    drafter.rollback(n, winner)
+    drafter.rollback(n, draft, winner)
 
 
 def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model, at: int) -> tuple[list[int], int]:

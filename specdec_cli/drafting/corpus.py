@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .lookup import MAX_MATCH
+from .lookup import MAX_MATCH, longer
 
 NGRAM = 3  # a match must be at least this long: shorter ones in a large corpus are mostly chance
 BITS = 21  # token ids below 2**21: any vocabulary (the largest are ~260k)
@@ -49,11 +49,10 @@ class Corpus:
             return 0, []
         t, ends, length = self.tokens, self.ends[max(lo, hi - MAX_HITS) : hi], NGRAM
         while length < min(MAX_MATCH, n):
-            room = ends[ends >= length]
-            longer = room[t[room - length] == history[n - 1 - length]]
-            if not longer.size:
+            grown = longer(t, ends, length, history)
+            if not grown.size:
                 break
-            ends, length = longer, length + 1
+            ends, length = grown, length + 1
         end = int(ends.max()) + 1
         cont = t[end : end + k]
         stop = np.flatnonzero(cont == SEPARATOR)

@@ -21,8 +21,8 @@ from typing import Sequence as Seq
 
 import numpy as np
 
-from ..backend.native import Context
-from .kv import Sequence
+from ..engine.context import Context
+from ..engine.kv import Sequence
 
 # Quick: auto's start-up, about a second for a 1.5B model on 2 cores.
 QUICK_SIZES = (1, 2, 4, 8, 16)  # the rest is interpolated
@@ -69,17 +69,13 @@ class Costs:
     def verify(self, n: int) -> float:
         return float(self.table[min(n, len(self.table)) - 1])
 
-    def verify_all(self, n: int) -> np.ndarray:
-        """t(1) .. t(n) as one array (sizes past the table cost what its last one does, as in `verify`)."""
-        return self.table[np.minimum(np.arange(n), len(self.table) - 1)]
-
     @property
     def plain(self) -> float:
         return self.verify(1)
 
     @property
-    def c(self) -> float | None:
-        """t_draft / t_target(1): the draft's cost in target tokens."""
+    def draft_ratio(self) -> float | None:
+        """t_draft / t_target(1): the draft's cost in target tokens (the paper's c)."""
         return self.draft / self.plain if self.draft is not None else None
 
     def relative(self, n: int) -> float:
@@ -94,6 +90,10 @@ class Costs:
             return self.draft_catch_up - self.draft
         return self.draft * (self.verify(gap) / self.plain - 1.0)
 
+    def drafting(self, k: int, catch_up: float) -> np.ndarray:
+        """Seconds to draft 1..k tokens with the model: k decodes, the first one also feeding the gap."""
+        return catch_up + np.arange(1, k + 1) * (self.draft or 0.0)
+
     def draft_round(self, a: float, k: int) -> float:
         """Expected seconds to draft k tokens when each is accepted with probability a: k one-token decodes,
         plus the measured catch-up after a fully accepted round (probability a^k); none where not measured."""
@@ -107,9 +107,40 @@ class Costs:
         self.draft = seconds_per_token if self.draft is None else _smooth(self.draft, seconds_per_token)
 
 
+class Curve:
+    """This machine's costs for a target (and draft) context, as auto uses them: measured on first use
+    (about a second; it empties both caches, which `measurements` counts), or adopted from a measurement
+    handed in (the bench's thorough one); auto refines them as rounds run."""
+
+    def __init__(self, target: Context, draft: Context | None, n_max: int):
+        self.target, self.draft, self.n_max = target, draft, n_max
+        self.costs: Costs | None = None
+        self.measurements = 0
+
+    def adopt(self, measured: Costs) -> Costs:
+        self.costs = measured.copy(self.n_max)  # auto refines its own copy, sized for its drafts
+        return self.costs
+
+    def get(self, tokens: list[int]) -> Costs:
+        if self.costs is None:
+            self.costs = measure(self.target, self.draft, tokens, self.n_max)
+            self.measurements += 1
+        return self.costs
+
+
 def _smooth(old: float, new: float) -> float:
     new = min(max(new, old / MAX_SAMPLE_RATIO), old * MAX_SAMPLE_RATIO)
     return old + SMOOTHING * (new - old)
+
+
+def rate(expected, draft_seconds, costs: Costs, drafted):
+    """Tokens per second of a round that drafts `drafted` tokens in `draft_seconds` and is expected to emit
+    `expected`: E / (draft seconds + t(drafted + 1)). The one formula every choice maximises (numbers, or
+    arrays over draft lengths)."""
+    if isinstance(drafted, int):
+        return expected / (draft_seconds + costs.verify(drafted + 1))
+    n = np.asarray(drafted) + 1
+    return expected / (draft_seconds + costs.table[np.minimum(n, len(costs.table)) - 1])
 
 
 def expected_tokens(accept: Seq[float]) -> np.ndarray:
@@ -132,10 +163,9 @@ def best_length(accept: Seq[float], costs: Costs, draft_cost: Seq[float] | float
         spend = np.arange(k_max + 1) * float(draft_cost)
     else:
         spend = np.concatenate(([0.0], np.asarray(draft_cost, dtype=float)))
-    seconds = spend + costs.verify_all(k_max + 1)
-    rate = e / seconds
-    k = int(np.argmax(rate))
-    return k, float(rate[k]), float(e[k])
+    rates = rate(e, spend, costs, np.arange(k_max + 1))
+    k = int(np.argmax(rates))
+    return k, float(rates[k]), float(e[k])
 
 
 def predicted_speedup(costs: Costs, a: float, k: int) -> float:
@@ -143,7 +173,7 @@ def predicted_speedup(costs: Costs, a: float, k: int) -> float:
     E[tokens | k] * t(1) / (draft cost(k) + t(k+1))."""
     if k == 0:
         return 1.0
-    return expected_tokens_per_round(a, k) * costs.plain / (costs.draft_round(a, k) + costs.verify(k + 1))
+    return rate(expected_tokens_per_round(a, k), costs.draft_round(a, k), costs, k) * costs.plain
 
 
 def measure(
@@ -204,8 +234,9 @@ def measure(
     seq.rollback(0)
     if dseq is not None:
         dseq.rollback(0)
-    median = statistics.median  # thorough: medians of five; quick: the faster of two passes (the OS slows a
-    # decode, it never speeds one up) and the median of three draft decodes
+    # Thorough: medians of five. Quick: the faster of two passes (the OS slows a decode, it never speeds one
+    # up), and the median of three draft decodes.
+    median = statistics.median
     return Costs(
         {n: (median(s) if thorough else min(s)) for n, s in samples.items()},
         median(drafts) if drafts else None,
@@ -235,15 +266,12 @@ def best_tree(
     maximise E / t(n + 1). So the cost curve decides the width: where verifying more tokens costs about
     the same (a CPU's flat stretch, a GPU), unlikely alternatives ride along; where each token costs its
     own, only likely ones do. Returns (tokens, parents (-1: the committed text), E, rate)."""
-    plain = 1.0 / costs.verify(1)
+    plain = rate(1.0, 0.0, costs, 0)
     # Most rounds of most answers end here: n nodes give at most n times the likeliest first token's chance,
     # and if even that cannot beat plain decoding at any n, no tree can (the trie is not built).
     first = max((a[0] for _, a in candidates if len(a)), default=0.0)
     n = np.arange(1, max_nodes + 1)
-    if (
-        first <= 0.0
-        or not ((1.0 + n * min(first, 1.0)) / costs.table[np.minimum(n, len(costs.table) - 1)] > plain).any()
-    ):
+    if first <= 0.0 or not (rate(1.0 + n * min(first, 1.0), 0.0, costs, n) > plain).any():
         return [], [], 1.0, plain
     tokens: list[int] = []
     parents: list[int] = []
@@ -287,9 +315,9 @@ def best_tree(
         leaves.discard(parent)
         leaves.add(i)
         e += reach[i]
-        rate = e / costs.verify(len(chosen) + 1)
-        if rate > best[2]:
-            best = (len(chosen), e, rate)
+        r = rate(e, 0.0, costs, len(chosen))
+        if r > best[2]:
+            best = (len(chosen), e, r)
     keep = sorted(chosen[: best[0]])  # creation order: parents first
     index = {old: new for new, old in enumerate(keep)}
     return ([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep], best[1], best[2])

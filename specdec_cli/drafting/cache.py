@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .models.store import home
+from ..models.store import home
 
 MAGIC = b"SPDLK1\0\0"
 HEADER = struct.Struct("<8sII")

@@ -2,7 +2,7 @@
 
 "Rename `total` to `subtotal`", "add a `timeout` parameter to fetch_page", "set "retries" to 5": the
 identifiers and literals named are where the answer differs from the code it copies. Lookup marks
-them as likely edit points (engine/lookup.py); only the instruction is read, not the code after it.
+them as likely edit points (drafting/lookup.py); only the instruction is read, not the code after it.
 """
 
 from __future__ import annotations

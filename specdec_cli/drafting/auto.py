@@ -3,10 +3,10 @@ many tokens to draft, to maximise expected tokens per second:
 
     rate(k) = E[tokens | k] / (draft cost(k) + t(k+1)),   E[tokens | k] = 1 + sum_j prod_{i<=j} a_i
 
-with t(n) the measured verify cost (engine/costmodel.py) and a_i each drafter's predicted acceptance,
-learned online: lookup's as a function of match length, the draft model's from its own token
-probabilities. Plain decoding (k = 0, rate 1 / t(1)) is always a candidate, so auto drafts only
-where the model of this machine says it pays.
+with t(n) the measured verify cost (drafting/cost.py: `rate`) and a_i each drafter's predicted
+acceptance, learned online: lookup's as a function of match length, the draft model's from its own
+token probabilities. Plain decoding (k = 0, rate 1 / t(1)) is always a candidate, so auto drafts only
+where the model of this machine says it pays. The whole decision is `AutoDrafter.propose`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .costmodel import Costs, best_length, best_tree, expected_tokens
-from .drafters import EMPTY, Draft, Drafter, ModelDrafter, Outcome
+from ..engine.drafter import EMPTY, Draft, Drafter, Outcome
+from ..engine.sampling import Sampler
+from ..engine.shapes import CHAIN, Tree
+from .cost import Costs, best_length, best_tree, expected_tokens, rate
 from .lookup import Candidate, LookupDrafter
-from .sampling import Sampler
-from .tree import CHAIN, Tree
+from .model import DraftPolicy, ModelDrafter
 
 # Per-token acceptance priors, by bucket. Two pseudo-observations each: a handful of rounds outweigh them.
 PRIOR_STRENGTH = 2.0
@@ -86,72 +87,66 @@ class Rate:
 
 
 class AutoDrafter(Drafter):
-    """Chooses, every round, between plain decoding and the drafters it was given."""
+    """Chooses, every round, between plain decoding and the drafters it was given. Its state is what it
+    has learned (acceptance, costs); what a round considered travels in the Draft (`offers`, `decodes`)."""
 
     name = "auto"
 
-    @property
-    def wants_confidence(self) -> bool:
-        """Only after a round in which lookup offered something: the state matters only for its chances,
-        and where it offers nothing (most of most answers) the pass over the logits is saved."""
-        return bool(self._candidates)
-
     def __init__(
-        self, costs: Costs, lookup: LookupDrafter | None, model: ModelDrafter | None, max_branches: int = 1
+        self, costs: Costs, lookup: LookupDrafter | None, draft_model: ModelDrafter | None, max_branches: int = 1
     ):  # fmt: skip
         self.costs = costs
         self.lookup = lookup
-        self.model = model
+        self.draft_model = draft_model
         self.max_branches = max_branches  # a lookup tree's leaves: one target sequence each
         # Per source, and per the target's confidence in its last token: where it hesitated, the answer is
         # choosing its words (prose, an edit) and copies less; where it was sure, it is most likely copying.
         self.source_accept = {
             (source, sure): Buckets(LOOKUP_EDGES, prior) for source, prior in SOURCE_PRIORS.items() for sure in (0, 1)
         }
-        self.lookup_accept = self.source_accept["copy", 1]
-        self._source = "none"  # who drafted this round
         self._sure = 1  # the target gave its last token >= 90% (Outcome.sure): lookup's chances are learned apart
         self.hot_rate = Rate(HOT_PRIOR * PRIOR_STRENGTH)
-        self._candidates: list[Candidate] = []  # lookup's offer this round: every one learns from its outcome
         self.model_accept = Buckets(CONFIDENCE_EDGES, tuple(e + 0.05 for e in CONFIDENCE_EDGES))  # calibrated
         self.model_rate = Rate()
-        self._decodes = 0  # draft decodes in the last model round, for its cost per token
 
     def prefill(self, tokens: list[int]) -> None:
-        if self.model is not None:
-            self.model.prefill(tokens)
+        if self.draft_model is not None:
+            self.draft_model.prefill(tokens)
 
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
-        draft = self._choose(committed, k, sampler, rng)
-        self._source = draft.source
-        notice = self.model.take_notice() if self.model is not None else None  # the model stopped, unasked
-        return replace(draft, notice=notice) if notice else draft
+        """The draft with the best expected tokens per second: plain decoding's, lookup's best tree of its
+        candidates, or the draft model's best chain (or tree) at its learned acceptance. A tie goes to the
+        cheaper: plain decoding, then lookup."""
+        offers = self.lookup.candidates(committed, k) if self.lookup is not None and k > 0 else []
+        best, draft = rate(1.0, 0.0, self.costs, 0), replace(EMPTY, predicted=1.0)  # plain decoding
+        if offers:
+            lookup_rate, lookup_draft = self._lookup_tree(offers, k)
+            if lookup_rate > best:
+                best, draft = lookup_rate, lookup_draft
+        model = self.draft_model
+        if model is not None and not model.failed and k > 0:
+            catch_up = self.costs.catch_up(model.lag(committed))
+            k_model, model_rate, _ = best_length(
+                [self.model_rate.upper] * k, self.costs, self.costs.drafting(k, catch_up)
+            )
+            if k_model and model_rate > best:
+                policy = CostPolicy(self.costs, self.model_accept, self.model_rate.mean, catch_up, model_rate)
+                draft = self._draft_model(committed, k, sampler, rng, policy)
+        notice = model.take_notice() if model is not None else None  # the model stopped, unasked
+        if offers or notice:  # every offer learns from the round (observe); the target's confidence helps
+            draft = replace(draft, offers=tuple(offers), wants_confidence=bool(offers), notice=notice or draft.notice)
+        return draft
 
-    def _choose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
-        best_rate, choice = 1.0 / self.costs.plain, "none"
-        self._candidates = self.lookup.candidates(committed, k) if self.lookup is not None and k > 0 else []
-        if self._candidates:
-            # Every candidate a node of one tree, as wide as this machine's cost curve says pays (k nodes at
-            # most: the engine's k already fits the context, the batch and the token budget).
-            scored = [(c.tokens, self._chances(c)) for c in self._candidates]
-            tokens, parents, e, rate = best_tree(scored, self.costs, k, self.max_branches, k)
-            if tokens and rate > best_rate:
-                best_rate, choice = rate, "lookup"
-                shape = Tree.of(parents) if len(set(parents)) < len(parents) else CHAIN
-                depth = shape.depth() if isinstance(shape, Tree) else len(tokens)
-                lookup_draft = Draft(
-                    tokens, None, source="lookup", k=depth, predicted=e, match=self._candidates[0].match, shape=shape
-                )
-        if self.model is not None and not self.model.failed and k > 0:
-            a = self.model_rate.upper
-            catch_up = self.costs.catch_up(self.model.lag(committed))
-            draft_cost = self._model_cost(k, catch_up)
-            k_model, rate, _ = best_length([a] * k, self.costs, draft_cost)
-            if k_model and rate > best_rate:
-                return self._draft_model(committed, k, sampler, rng, catch_up, rate)
-        if choice == "lookup":
-            return lookup_draft
-        return replace(EMPTY, predicted=1.0)
+    def _lookup_tree(self, offers: list[Candidate], k: int) -> tuple[float, Draft | None]:
+        """(rate, draft): every candidate a node of one tree, as wide as this machine's cost curve says pays
+        (k nodes at most: the engine's k already fits the context, the batch and the token budget)."""
+        scored = [(c.tokens, self._chances(c)) for c in offers]
+        tokens, parents, e, tree_rate = best_tree(scored, self.costs, k, self.max_branches, k)
+        if not tokens:
+            return 0.0, None
+        shape = Tree.of(parents) if len(set(parents)) < len(parents) else CHAIN
+        depth = shape.depth() if isinstance(shape, Tree) else len(tokens)
+        return tree_rate, Draft(tokens, None, source="lookup", k=depth, predicted=e, match=offers[0].match, shape=shape)
 
     def _chances(self, c: Candidate) -> list[float]:
         """Token i of a candidate is right if its match, by then match + i tokens long, holds on; at a
@@ -159,48 +154,15 @@ class AutoDrafter(Drafter):
         buckets = self.source_accept[c.source, self._sure]
         return [self.hot_rate.mean if i == c.hot else buckets.mean(c.match + i) for i in range(len(c.tokens))]
 
-    def _model_cost(self, k: int, catch_up: float) -> np.ndarray:
-        """Seconds to draft 1..k tokens with the model: k decodes, the first one also feeding the gap."""
-        return catch_up + np.arange(1, k + 1) * (self.costs.draft or 0.0)
-
-    def _draft_model(self, committed: list[int], k: int, sampler: Sampler, rng, catch_up: float, rate: float) -> Draft:
-        a_next = self.model_rate.mean
-
-        def keep_going(confidence: list[float]) -> bool:
-            # Draft one more token only if the round's expected rate with it beats stopping here.
-            accept = [self.model_accept.mean(c) for c in confidence]
-            j = len(accept)
-            cost = self._model_cost(j + 1, catch_up)
-            e = expected_tokens([*accept, a_next])
-            stop = e[j] / (cost[j - 1] + self.costs.verify(j + 1))
-            more = e[j + 1] / (cost[j] + self.costs.verify(j + 2))
-            return more > stop
-
-        def fork_pays(confidence: list[float], runner_up: float, left: int, nodes: int) -> bool:
-            # A fork pays for its verify and draft tokens only with the tokens after its first one:
-            # where the runner-up is right, the round's correction would have given that one anyway.
-            reach = float(np.prod([self.model_accept.mean(c) for c in confidence]))
-            gain = reach * self.model_accept.mean(runner_up) * sum(a_next**i for i in range(1, left))
-            # The fork's draft tokens ride in batched draft decodes: priced at this hardware's marginal batch cost.
-            marginal = self.costs.verify(2) / self.costs.verify(1) - 1.0
-            draft = (left - 1) * (self.costs.draft or 0.0) * marginal
-            extra = self.costs.verify(nodes + 1 + left) - self.costs.verify(nodes + 1) + draft
-            return gain > rate * extra
-
-        tree = self.model.branches > 1
-        draft = self.model.propose(committed, k, sampler, rng, keep_going, fork_pays if tree else None)
-        if isinstance(
-            draft.shape, Tree
-        ):  # a tree is verified whole; its batched decodes say little of one token's cost
-            self._decodes = 0
+    def _draft_model(self, committed: list[int], k: int, sampler: Sampler, rng, policy: CostPolicy) -> Draft:
+        draft = self.draft_model.propose(committed, k, sampler, rng, policy)
+        if isinstance(draft.shape, Tree):  # a tree is verified whole
             return replace(draft, predicted=self._tree_tokens(draft))
         accept = [self.model_accept.mean(c) for c in draft.confidence]
         # The decodes are spent; verify only the prefix that maximises this round's expected rate.
-        spent = catch_up + len(draft.tokens) * (self.costs.draft or 0.0)
+        spent = policy.catch_up + draft.decodes * (self.costs.draft or 0.0)
         e = expected_tokens(accept)
-        rate = e / (spent + np.array([self.costs.verify(j + 1) for j in range(len(accept) + 1)]))
-        keep = int(np.argmax(rate))
-        self._decodes = len(draft.tokens)
+        keep = int(np.argmax(rate(e, spent, self.costs, np.arange(len(accept) + 1))))
         q = draft.q[:keep] if draft.q is not None and keep else None
         return replace(
             draft, tokens=draft.tokens[:keep], q=q, confidence=draft.confidence[:keep], predicted=float(e[keep]),
@@ -220,7 +182,7 @@ class AutoDrafter(Drafter):
         # Every candidate lookup offered learns from the text the round produced, drafted or not: the
         # target's tokens are the verdict on each one's tokens up to and including its first wrong one.
         produced = [*(draft.tokens[i] for i in path), outcome.token]
-        for c in self._candidates:
+        for c in draft.offers:
             right = 0
             while right < min(len(c.tokens), len(produced)) and c.tokens[right] == produced[right]:
                 right += 1
@@ -236,14 +198,42 @@ class AutoDrafter(Drafter):
             for i, ok in [(i, True) for i in path] + [(c, False) for c in rejected]:
                 self.model_accept.observe(draft.confidence[i], ok)
                 self.model_rate.observe(ok)
-            if self._decodes:
-                self.costs.observe_draft(outcome.draft_seconds / self._decodes)
+            if draft.decodes:
+                self.costs.observe_draft(outcome.draft_seconds / draft.decodes)
 
-    def rollback(self, n: int, winner: int = 0) -> None:
-        if self.model is not None:
+    def rollback(self, n: int, draft: Draft, winner: int = 0) -> None:
+        if self.draft_model is not None:
             # A lookup tree's branches live in the target's context only: the draft has just its main sequence.
-            self.model.rollback(n, winner if self._source == "model" else 0)
+            self.draft_model.rollback(n, draft, winner if draft.source == "model" else 0)
 
     def check(self, committed: list[int]) -> None:
-        if self.model is not None:
-            self.model.check(committed)
+        if self.draft_model is not None:
+            self.draft_model.check(committed)
+
+
+class CostPolicy(DraftPolicy):
+    """The draft model's stopping and forking rules for one round, by the cost model: `catch_up` is the
+    extra cost of its first decode, `chosen` the rate that drafting was chosen for, `a_next` the chance
+    of a token not yet drafted."""
+
+    def __init__(self, costs: Costs, accept: Buckets, a_next: float, catch_up: float, chosen: float):
+        self.costs, self.accept, self.a_next, self.catch_up, self.chosen = costs, accept, a_next, catch_up, chosen
+
+    def keep_going(self, confidence: list[float]) -> bool:
+        """Draft one more token only if the round's expected rate with it beats stopping here."""
+        accept = [self.accept.mean(c) for c in confidence]
+        j = len(accept)
+        cost = self.costs.drafting(j + 1, self.catch_up)
+        e = expected_tokens([*accept, self.a_next])
+        return rate(e[j + 1], cost[j], self.costs, j + 1) > rate(e[j], cost[j - 1], self.costs, j)
+
+    def fork_pays(self, confidence: list[float], runner_up: float, left: int, nodes: int) -> bool:
+        """A fork pays for its verify and draft tokens only with the tokens after its first one: where the
+        runner-up is right, the round's correction would have given that one anyway."""
+        reach = float(np.prod([self.accept.mean(c) for c in confidence]))
+        gain = reach * self.accept.mean(runner_up) * sum(self.a_next**i for i in range(1, left))
+        # The fork's draft tokens ride in batched draft decodes: priced at this hardware's marginal batch cost.
+        marginal = self.costs.verify(2) / self.costs.verify(1) - 1.0
+        draft = (left - 1) * (self.costs.draft or 0.0) * marginal
+        extra = self.costs.verify(nodes + 1 + left) - self.costs.verify(nodes + 1) + draft
+        return gain > self.chosen * extra

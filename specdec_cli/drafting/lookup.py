@@ -19,8 +19,9 @@ from typing import Callable
 
 import numpy as np
 
-from .drafters import Draft, Drafter
-from .sampling import Sampler
+from ..engine.drafter import Draft, Drafter
+from ..engine.sampling import Sampler
+from .hints import hints_in, renames_in
 
 MAX_MATCH = 64  # longer matches predict no better, and cost more to confirm
 MIN_MATCH = 2  # a fixed-k lookup drafts only after this many tokens agree: one token is mostly chance
@@ -45,11 +46,10 @@ def occurrences(history: np.ndarray, max_match: int = MAX_MATCH, limit: int = 1)
     levels = [ends] if ends.size else []
     length = 1
     while ends.size and length < min(max_match, n - 1):
-        room = ends[ends >= length]  # matches that reach the start of the text cannot grow
-        longer = room[history[room - length] == history[n - 1 - length]]
-        if not longer.size:
+        grown = longer(history, ends, length, history)
+        if not grown.size:
             break
-        ends, length = longer, length + 1
+        ends, length = grown, length + 1
         levels.append(ends)
     out: list[tuple[int, int]] = []
     seen: set[int] = set()
@@ -64,6 +64,13 @@ def occurrences(history: np.ndarray, max_match: int = MAX_MATCH, limit: int = 1)
         if limit == 1:
             break
     return out
+
+
+def longer(text: np.ndarray, ends: np.ndarray, length: int, history: np.ndarray) -> np.ndarray:
+    """Of the places in `text` ending at `ends` where history's last `length` tokens occur, those where its
+    last length + 1 do (a match that reaches the start of the text cannot grow)."""
+    room = ends[ends >= length]
+    return room[text[room - length] == history[len(history) - 1 - length]]
 
 
 def longest_match(history: np.ndarray, max_match: int = MAX_MATCH) -> tuple[int, int]:
@@ -232,7 +239,7 @@ class Candidate:
     """One continuation lookup could draft. source: "copy" (the copy it follows, or the longest match;
     "line-copy" when that match covers the start of the answer's current line),
     "other" (another earlier occurrence that continues differently), "line" (after the answer ended a
-    line it rewrote, the source's next line), "cache" (an earlier answer of this model, engine/corpus.py).
+    line it rewrote, the source's next line), "cache" (an earlier answer of this model, drafting/corpus.py).
     hot: the index of its first token at a likely edit point (a name the instruction mentions, or the
     context where the answer edited before), where it is likelier to be wrong; None if it passes none."""
 
@@ -272,6 +279,20 @@ class LookupDrafter(Drafter):
                 self.hints[hint[0]].append(hint)
         self.newline = newline
         self.departures: set[tuple[int, int]] = set()  # (two source tokens) the answer left the source after
+
+    @classmethod
+    def for_instruction(
+        cls, instruction: str, corpus, tokenize: Callable[[str], list[int]], piece: Callable[[int], bytes]
+    ) -> LookupDrafter:
+        """Lookup with all it knows of a run: the names the user's instruction mentions (where the answer
+        edits) and the renames it asks for, as tokens with and without a leading space; earlier answers
+        (`corpus`); and the target's vocabulary (`piece`: which tokens end a line)."""
+        hints = tuple(tuple(tokenize(space + name)) for name in hints_in(instruction) for space in ("", " "))
+        renames = tuple(
+            (tuple(tokenize(space + old)), tuple(tokenize(space + new)))
+            for old, new in renames_in(instruction) for space in ("", " ")
+        )  # fmt: skip
+        return cls(corpus=corpus, hints=hints, newline=lambda token: b"\n" in piece(token), renames=renames)
 
     def continuation(self, committed: list[int], k: int) -> tuple[int, list[int]]:
         """(match length, up to k tokens that followed the match)."""

@@ -1,0 +1,51 @@
+"""What the loop needs of a model's context: token ids in, logits rows out, and sequences to fork and
+cut. backend/context.py's llama.cpp context satisfies it, and so does the tests' fake (a list of ids
+per sequence), so the engine is token ids and arithmetic only (tests/test_round_loop.py checks both)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Model(Protocol):
+    name: str  # for messages
+
+    def is_eog(self, token: int) -> bool:
+        """An end-of-generation token: nothing after it is output."""
+        ...
+
+
+@runtime_checkable
+class Context(Protocol):
+    model: Model
+    n_ctx: int  # positions
+    n_batch: int  # tokens one decode may take
+    n_seq: int  # sequences (a tree's branches)
+    n_vocab: int
+    max_rollback: int | None  # None: any tail of a sequence can go (KV cells); else a recurrent state's snapshots
+
+    def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str | int) -> np.ndarray:
+        """Decode tokens at pos0.. in one sequence; logits rows: "last", "all", or from index i on."""
+        ...
+
+    def decode_tree(
+        self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int = 0
+    ) -> np.ndarray:
+        """ONE decode of tokens[i] at pos[i] in every sequence of seqs[i]; rows from tokens[first_out] on."""
+        ...
+
+    def prompt_kernels(self) -> AbstractContextManager[None]:
+        """Exact mode: decode the prompt through the fast kernels meanwhile (elsewhere nothing changes)."""
+        ...
+
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool: ...
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+
+    def seq_keep(self, seq: int) -> None: ...
+
+    def seq_pos_range(self, seq: int) -> tuple[int, int]: ...

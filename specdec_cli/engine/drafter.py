@@ -1,0 +1,79 @@
+"""What the loop asks of a drafter, and what a draft and its verdict carry. Drafters propose the next k
+tokens; the engine verifies whatever they propose, so none can change the output, only how fast it comes.
+The strategies themselves live in drafting/."""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+import numpy as np
+
+from .sampling import Sampler
+from .shapes import CHAIN, Chain, Tree
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    tokens: list[int]
+    q: np.ndarray | None  # (k, n_vocab) draft probabilities when sampled from a model; else None
+    _: KW_ONLY  # the rest by name: several share a type, and a swapped pair would pass silently
+    source: str = "none"  # the drafter that proposed it: "none" | "lookup" | "model"
+    k: int = 0  # the draft length chosen this round (fewer tokens when a match, p-min or the text ran out)
+    predicted: float | None = None  # expected tokens this round emits, by the cost model (auto only)
+    confidence: tuple[float, ...] = ()  # model: the draft's probability of each token it drafted
+    entropy: float | None = None  # model: mean entropy (nats) of its distributions over the drafted tokens
+    match: int | None = None  # lookup: the copied stretch it continues (suffix match, or a copy followed through edits)
+    notice: str | None = None  # the drafter stopped drafting for good this round, and why (said to the user once)
+    shape: Chain | Tree = CHAIN  # how the tokens hang together: a chain, or a tree (engine/shapes.py)
+    # What the round considered, for the drafter's `observe` (so no drafter keeps "this round" in itself):
+    offers: tuple[Any, ...] = ()  # auto: lookup's candidates, each learns from the round's text, drafted or not
+    decodes: int = 0  # draft-model decodes spent (auto may verify fewer tokens): the draft's cost per token
+    # Outcome.sure: a pass over one logits row (~0.03 ms), asked only where a learner uses it (auto, when
+    # lookup offered something: where it offers nothing, most of most answers, the pass is saved).
+    wants_confidence: bool = False
+
+
+EMPTY = Draft([], None)
+
+
+@dataclass(slots=True, kw_only=True)  # not frozen: one is built every round, and frozen ones build slower
+class Outcome:
+    """What the target made of a draft: it accepted the draft tokens at `path` (0..m-1 for a chain, the
+    nodes from the root down for a tree), then gave its own `token`."""
+
+    path: list[int]
+    token: int
+    draft_seconds: float
+    verify_seconds: float
+    sure: bool | None = None  # the target gave its own token >= 90% (speculative.SURE); if the draft asked
+
+
+class Drafter:
+    """What the engine asks of a drafter. Only `propose` has no default: a drafter without a cache or a
+    learner has nothing to prefill, observe, roll back or check (HF's CandidateGenerator)."""
+
+    name = "none"
+
+    def prefill(self, tokens: list[int]) -> None:
+        """The prompt but its last token, once, before the first round (a cache may hold a prefix of it)."""
+
+    def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
+        """Up to k tokens to follow `committed`."""
+        raise NotImplementedError
+
+    def observe(self, draft: Draft, outcome: Outcome) -> None:
+        """The round's outcome. Learners learn here."""
+
+    def rollback(self, n: int, draft: Draft, winner: int = 0) -> None:
+        """Back to the committed text's first n tokens; after a tree round, by way of branch `winner`."""
+
+    def check(self, committed: list[int]) -> None:
+        """Debug: raise unless every cache holds a prefix of `committed`."""
+
+
+class NoDrafter(Drafter):
+    """Plain target-only decoding, through the same engine, so statistics compare like for like."""
+
+    def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
+        return EMPTY
