@@ -116,21 +116,7 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             yield Token(id=t, origin=origin)
         eog = end < len(new)
         emitted = end + eog  # an end-of-generation token counts, though it is not output
-        yield Round(
-            drafted=len(draft.tokens),
-            accepted=min(len(path), emitted),
-            emitted=emitted,
-            draft_seconds=outcome.draft_seconds,
-            verify_seconds=outcome.verify_seconds,
-            seconds=seconds,
-            drafter=draft.source,
-            k=draft.k,
-            predicted=draft.predicted,
-            entropy=draft.entropy,
-            rejected=origins[-1] == Origin.CORRECTION,
-            branches=draft.shape.branches,
-            winner=winner,
-        )
+        yield _round(draft, outcome, emitted, seconds, rejected=origins[-1] == Origin.CORRECTION, winner=winner)
         if eog:
             yield Stopped(reason="eos")
             return
@@ -148,6 +134,24 @@ def rollback(
     """
     target.settle(winner, n if in_order is None else min(n, in_order))
     drafter.rollback(n, draft, winner)
+
+
+def _round(draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, rejected: bool, winner: int) -> Round:
+    return Round(
+        drafted=len(draft.tokens),
+        accepted=min(len(outcome.path), emitted),
+        emitted=emitted,
+        draft_seconds=outcome.draft_seconds,
+        verify_seconds=outcome.verify_seconds,
+        seconds=seconds,
+        drafter=draft.source,
+        k=draft.k,
+        predicted=draft.predicted,
+        entropy=draft.entropy,
+        rejected=rejected,
+        branches=draft.shape.branches,
+        winner=winner,
+    )
 
 
 def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model, at: int) -> tuple[list[int], int]:
