@@ -1,5 +1,5 @@
-"""Named pairs and defaults from TOML, and the one place where settings are resolved:
-command line > config file > built-in defaults.
+"""The one place where a run's settings are decided: command line > environment > config file > built-in
+defaults (`resolve`, then `run_config`), and the config file's named pairs (TOML).
 
 Which file: --config FILE, else $SPECDEC_CONFIG, else the user config in the XDG config directory
 (specdec/config.toml) if it exists. Only that one file is read. See models.example.toml.
@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from .errors import SpecdecError
+from .errors import SpecdecError, UsageError
 from .outputs import kind_name
 from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR, KNOWN
-from .options import PAIR_KEYS, default_drafter
+from .options import (
+    DRAFT_TOKENS, OPTIONS, PAIR_KEYS, OptionError, RunConfig, default_drafter, default_threads, parse_draft_tokens,
+)  # fmt: skip
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -80,7 +83,7 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
             if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
                 names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
                 raise ConfigError(path, where, f"must be {names}, not {type(value).__name__} {value!r}")
-            if key == "draft_tokens" and isinstance(value, str) and value != "auto":
+            if key == "draft_tokens" and isinstance(value, str) and not _parses(value):
                 raise ConfigError(path, where, f'must be a number or "auto", not {value!r}')
             if key in ("target", "draft") and not value.strip():
                 raise ConfigError(path, where, "must be a model name or a path, not empty")
@@ -96,14 +99,16 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
 
 
 def resolve(cli: dict[str, Any], pair: str | None, path: Path | None) -> dict[str, Any]:
-    """Merge settings: values given on the command line (not None) win over the pair's.
+    """Merge settings: values given on the command line (not None) win over the environment's (an option's
+    variable, e.g. $SPECDEC_RPC), which win over the pair's.
 
     A pair is used when named with --pair, or when the command line names no target (the default pair).
     Returns the merged keys of PAIR_KEYS; `target`/`draft` are model names or paths. `from_file` maps
     each key the config file set (and the command line did not) to where it is: for error messages.
     """
     default, pairs = load(path)
-    given = {k: v for k, v in cli.items() if v is not None}
+    given = {k: v.value if isinstance(v, Enum) else v for k, v in cli.items() if v is not None}
+    given |= {o.key: os.environ[o.env] for o in OPTIONS if o.env and o.key not in given and os.environ.get(o.env)}
     if pair is None and "target" in given:
         return given
     name = pair or default
@@ -117,6 +122,40 @@ def resolve(cli: dict[str, Any], pair: str | None, path: Path | None) -> dict[st
     if path is not None:
         merged["from_file"] = {k: (path, f"pairs.{name}.{k}") for k in pairs[name] if k not in given}
     return merged
+
+
+def run_config(settings: dict[str, Any], *, debug: bool = False, model_file: Callable[[str], Path] = Path) -> RunConfig:
+    """Merged settings (from `resolve`) to a validated RunConfig, the built-in defaults filled in: with a
+    draft the drafter is auto; -k is auto for the auto and lookup drafters (a lookup draft's right length
+    runs from 0 to dozens of tokens, round by round) and DRAFT_TOKENS for the draft model; threads unset or
+    0 are every core. `model_file` turns a model reference (a known name or a path) into its file."""
+    fields = {k: v for k, v in settings.items() if k in RunConfig.__dataclass_fields__}
+    fields["target"] = model_file(settings["target"])
+    draft = settings.get("draft")
+    fields["drafter"] = drafter = settings.get("drafter") or default_drafter(bool(draft))
+    fields["draft"] = model_file(draft) if draft and drafter in ("model", "auto") else None
+    try:
+        k = parse_draft_tokens(settings.get("draft_tokens"))
+    except ValueError as e:
+        raise UsageError(f"-k/--draft-tokens {e}") from None
+    unset = settings.get("draft_tokens") is None
+    fields["draft_tokens"] = (None if drafter in ("auto", "lookup") else DRAFT_TOKENS) if unset else k
+    fields["threads"] = settings.get("threads") or default_threads()
+    try:
+        return RunConfig(**fields, debug=debug)
+    except OptionError as e:
+        where = settings.get("from_file", {}).get(e.key)
+        if where:  # the value came from the config file: say where, not which flag
+            raise ConfigError(*where, e.rule) from None
+        raise
+
+
+def _parses(value: str) -> bool:
+    try:
+        parse_draft_tokens(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_model_name(value: str) -> bool:

@@ -1,8 +1,11 @@
-"""Every setting of a run, declared once: flags, type, default, help, checks and config key.
+"""Every setting of a run, declared once: RunConfig's fields, each with its flags, help, checks and config key.
 
-`generate`'s parameters, the config file's keys and types (config.PAIR_KEYS), RunConfig's fields,
-defaults and validation, the `--json` config, and the options `bench` shares with `generate` are all
-derived from OPTIONS. Adding a setting is one entry here plus the code that uses it.
+RunConfig is an ordinary frozen dataclass (editors and type checkers see its fields); each field carries its
+Option (the command line's flags and type, the help, the rules, the TOML types a pair may set it with), and
+OPTIONS is read off the class. `generate`'s parameters, the config file's keys (PAIR_KEYS), validation, the
+`--json` config and the options `bench` shares with `generate` all come from there. Adding a setting is one
+field here plus the code that uses it. Which value a run gets (command line > environment > config file >
+built-in) is decided in config.py.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -18,7 +21,9 @@ from typing import Any, Callable, Optional
 import typer
 
 from .backend.rpc import problem as rpc_problem
+from .drafting import DRAFTERS as _DRAFTERS
 from .engine.sampling import Sampler
+from .engine.speculative import Settings
 from .errors import UsageError
 
 # --- defaults and limits, one per line -----------------------------------------------------------
@@ -31,7 +36,7 @@ P_SPLIT = 0.1  # fork where the draft's runner-up has >= 10% (llama.cpp's --draf
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: more threads crash llama.cpp
 MIN_CTX = 16  # below this not even a prompt and one verify batch fit
 AUTO_K_MAX = 31  # -k auto drafts at most this many: verifying 32 tokens costs ~11x one here, 15 often pays more
-DRAFTERS = ("auto", "model", "lookup", "none")
+DRAFTERS = tuple(_DRAFTERS)  # the drafting package registers them: auto, model, lookup, none
 
 DrafterName = Enum("DrafterName", {d: d for d in DRAFTERS}, type=str)  # the command line's choice
 
@@ -47,6 +52,18 @@ def default_threads() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def parse_draft_tokens(value: int | str | None) -> int | None:
+    """-k's value as the command line, a config file or a request gives it: a whole number, or "auto"
+    (None: the cost model chooses every round). Raises ValueError with the rule."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise ValueError(f"must be a whole number or 'auto' (got {value!r})")
 
 
 Check = tuple[Callable[[Any], bool], str]  # (ok(value), the rule, with {v} for the value); None passes
@@ -66,16 +83,15 @@ def within(lo: float, hi: float, text: str, why: str = "", lo_open: bool = False
 
 @dataclass(frozen=True)
 class Option:
-    key: str  # RunConfig field, [pairs.NAME] key and --json config key
     flags: tuple[str, ...]  # on the command line ("-k", "--draft-tokens")
     type: Any  # the command line's type
-    default: Any  # RunConfig's default
     help: str
     config: tuple[type, ...] = ()  # the TOML types a pair may set it with; () when a pair cannot
     checks: tuple[Check, ...] = ()
     in_json: bool = True  # shown in --json's "config"
     bounds: tuple[float, float] | None = None  # the range, for `bench`'s comma-separated lists of it
     env: str | None = None  # an environment variable that sets it when the command line does not
+    key: str = ""  # the RunConfig field (and [pairs.NAME] and --json config key): filled in from the field
 
     @property
     def flag(self) -> str:
@@ -95,36 +111,47 @@ class Option:
         )  # fmt: skip
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        key="target",
-        flags=("--target",),
-        type=str,
-        default=None,
-        help="Target GGUF (a path or a known model name): the model whose output you get.",
+def option(*flags: str, type: Any, help: str, default: Any = None, default_factory: Any = None, **rest: Any) -> Any:
+    """A RunConfig field declared with its Option (`rest`: Option's other fields)."""
+    meta = {"option": Option(flags, type, help, **rest)}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class OptionError(UsageError):
+    """One setting breaks its rule; `key` names the option (and config key)."""
+
+    def __init__(self, key: str, rule: str):
+        super().__init__(f"{BY_KEY[key].flag} {rule}")
+        self.key = key
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs, resolved (config.run_config) and validated here, on every construction and
+    every `override`."""
+
+    target: Path = field(metadata={"option": Option(
+        ("--target",), str, "Target GGUF (a path or a known model name): the model whose output you get.",
         config=(str,),
-    ),
-    Option(
-        key="draft",
-        flags=("--draft",),
-        type=str,
-        default=None,
-        help="Draft GGUF: a small model with the same tokenizer.",
-        config=(str,),
-    ),
-    Option(
-        key="drafter",
-        flags=("--drafter",),
+    )})  # fmt: skip
+    draft: Path | None = option(
+        "--draft", type=str, help="Draft GGUF: a small model with the same tokenizer.", config=(str,)
+    )
+    drafter: str = option(
+        "--drafter",
         type=DrafterName,
         default="none",
         help="Who drafts: 'auto' (default with a draft: each round plain, lookup or the model, whichever pays), "
         "'model' (the draft model), 'lookup' (copy from the prompt and text so far) or 'none' (target-only).",
         config=(str,),
         checks=((lambda v: v in DRAFTERS, f"must be one of {', '.join(DRAFTERS)} (got {{v!r}})"),),
-    ),
-    Option(
-        key="draft_tokens",
-        flags=("-k", "--draft-tokens"),
+    )
+    draft_tokens: int | None = option(  # None: auto
+        "-k",
+        "--draft-tokens",
         type=str,
         default=DRAFT_TOKENS,
         help=f"Tokens drafted per round, or 'auto' to choose every round (up to {AUTO_K_MAX}) "
@@ -132,106 +159,95 @@ OPTIONS: tuple[Option, ...] = (
         config=(int, str),
         checks=(at_least(1), (lambda v: v <= MAX_DRAFT_TOKENS, f"must be at most {MAX_DRAFT_TOKENS} (got {{v}})")),
         bounds=(1, MAX_DRAFT_TOKENS),
-    ),
-    Option(
-        key="p_min",
-        flags=("--p-min",),
+    )
+    p_min: float = option(
+        "--p-min",
         type=float,
         default=0.0,
         help="Draft model: stop drafting when its probability for its own token is below this [0: off].",
         config=(int, float),
         checks=(finite(), within(0, 1, "[0, 1]", "; 0 turns it off")),
-    ),
-    Option(
-        key="branches",
-        flags=("--branches",),
+    )
+    branches: int = option(
+        "--branches",
         type=int,
         default=1,
         help=f"Draft model: draft up to N branches per round as a tree, verified in one target pass (1..{MAX_BRANCHES}) [1].",
         config=(int,),
         checks=(within(1, MAX_BRANCHES, f"1..{MAX_BRANCHES}"),),
         bounds=(1, MAX_BRANCHES),
-    ),
-    Option(
-        key="p_split",
-        flags=("--p-split",),
+    )
+    p_split: float = option(
+        "--p-split",
         type=float,
         default=P_SPLIT,
         help=f"Tree drafting: fork where the draft's runner-up token has at least this probability [{P_SPLIT}].",
         config=(int, float),
         checks=(finite(), within(0, 1, "(0, 1]", lo_open=True)),
-    ),
-    Option(
-        key="max_tokens",
-        flags=("-n", "--max-tokens"),
+    )
+    max_tokens: int = option(
+        "-n",
+        "--max-tokens",
         type=int,
         default=MAX_TOKENS,
         help=f"Stop after this many tokens [{MAX_TOKENS}].",
         config=(int,),
         checks=(at_least(1),),
-    ),
-    Option(
-        key="temp",
-        flags=("--temp",),
+    )
+    temp: float = option(
+        "--temp",
         type=float,
         default=0.0,
         help="Sampling temperature; 0 is greedy [0].",
         config=(int, float),
         checks=(finite(), (lambda v: v >= 0, "must be >= 0 (got {v}); 0 means greedy")),
         bounds=(0, math.inf),
-    ),
-    Option(
-        key="top_k",
-        flags=("--top-k",),
+    )
+    top_k: int = option(
+        "--top-k",
         type=int,
         default=0,
         help="Keep the k most likely tokens; 0 is off [0].",
         config=(int,),
         checks=((lambda v: v >= 0, "must be >= 0 (got {v}); 0 turns it off"),),
-    ),
-    Option(
-        key="top_p",
-        flags=("--top-p",),
+    )
+    top_p: float = option(
+        "--top-p",
         type=float,
         default=1.0,
         help="Nucleus sampling mass in (0, 1]; 1 is off [1].",
         config=(int, float),
         checks=(finite(), within(0, 1, "(0, 1]", "; 1 turns it off", lo_open=True)),
-    ),
-    Option(
-        key="min_p",
-        flags=("--min-p",),
+    )
+    min_p: float = option(
+        "--min-p",
         type=float,
         default=0.0,
         help="Drop tokens below min-p x the top probability [0].",
         config=(int, float),
         checks=(finite(), within(0, 1, "[0, 1]", "; 0 turns it off")),
-    ),
-    Option(
-        key="seed",
-        flags=("--seed",),
+    )
+    seed: int | None = option(
+        "--seed",
         type=int,
-        default=None,
         help="Random seed: the same seed gives the same text.",
         config=(int,),
         checks=((lambda v: v >= 0, "must be >= 0 (got {v})"),),
-    ),
-    Option(
-        key="ctx_size",
-        flags=("-c", "--ctx-size"),
+    )
+    ctx_size: int | None = option(
+        "-c",
+        "--ctx-size",
         type=int,
-        default=None,
         help=f"Context size in tokens [the smaller of {CTX_SIZE} and what the target was trained for].",
         config=(int,),
         checks=(at_least(MIN_CTX),),
-    ),
-    Option(
-        key="threads",
-        flags=("-t", "--threads"),
+    )
+    threads: int = option(
+        "-t",
+        "--threads",
         type=int,
-        default=None,
+        default_factory=default_threads,
         help="CPU threads; 0 means every core this process may use.",
-        config=(),
         checks=(
             at_least(1),
             (
@@ -239,57 +255,87 @@ OPTIONS: tuple[Option, ...] = (
                 f"must be at most {MAX_THREADS}, llama.cpp's limit (got {{v}}; this machine has {os.cpu_count()} cores)",
             ),
         ),
-    ),
-    Option(
-        key="exact",
-        flags=("--exact/--no-exact",),
+    )
+    exact: bool = option(
+        "--exact/--no-exact",
         type=bool,
         default=False,
         help="Exact mode: the target computes each row of a verify batch as it computes that token alone, so "
         "greedy output is target-only output token for token, on quantized models too (CPU; slower, see README).",
         config=(bool,),
-    ),
-    Option(
-        key="lookup_cache",
-        flags=("--lookup-cache/--no-lookup-cache",),
+    )
+    lookup_cache: bool = option(
+        "--lookup-cache/--no-lookup-cache",
         type=bool,
         default=True,
         help="Lookup (auto or lookup drafter) also drafts from earlier answers of this target, kept in the specdec "
         "cache (bounded; `specdec cache clear` empties it; in bench, a row's answers to the prompts before). "
         "Off: nothing is read or written.",
         config=(bool,),
-    ),
-    Option(
-        key="rpc",
-        flags=("--rpc",),
+    )
+    rpc: str | None = option(
+        "--rpc",
         type=str,
-        default=None,
         help="Run the target's layers on llama.cpp RPC servers (specdec rpc-server), HOST:PORT[,HOST:PORT...]; "
         "the draft stays on this machine (default: $SPECDEC_RPC, else the pair's rpc).",
         config=(str,),
         checks=((lambda v: rpc_problem(v) is None, "must be HOST:PORT[,HOST:PORT...], each server once (got {v!r})"),),
         env="SPECDEC_RPC",
-    ),
-    Option(
-        key="chat",
-        flags=("--chat/--no-chat",),
+    )
+    chat: bool | None = option(
+        "--chat/--no-chat",
         type=bool,
-        default=None,
         help="Wrap the prompt in the target's chat template (default: on when it has one). With the template your "
         "text is only text; with --no-chat control tokens written in it (e.g. <|im_start|>) are parsed as such.",
         config=(bool,),
         in_json=False,
-    ),
-    Option(
-        key="system",
-        flags=("--system",),
+    )
+    system: str | None = option(
+        "--system",
         type=str,
-        default=None,
         help="System prompt for the chat template (needs one).",
         config=(str,),
         in_json=False,
-    ),
-)
+    )
+    debug: bool = False  # check the KV caches after every round (--debug, not a run option of its own)
+
+    def __post_init__(self) -> None:
+        for o in OPTIONS:
+            rule = o.problem(getattr(self, o.key))
+            if rule:
+                raise OptionError(o.key, rule)
+        if self.drafter == "model" and self.draft is None:
+            raise UsageError("--drafter model needs --draft PATH")
+        if self.branches > 1 and not (self.draft is not None and self.drafter in ("model", "auto")):
+            why = f"--drafter {self.drafter}" if self.drafter in ("lookup", "none") else "no --draft given"
+            raise UsageError(f"--branches {self.branches} needs a draft model: only the draft model forks ({why})")
+
+    def override(self, **changes: Any) -> RunConfig:
+        """This configuration with some settings changed (a request's, a bench row's), by the same rules."""
+        return replace(self, **changes) if changes else self
+
+    @property
+    def sampler(self) -> Sampler:
+        return Sampler(self.temp, self.top_k, self.top_p, self.min_p)
+
+    def settings(self, *, prompt_kernels: bool = True) -> Settings:
+        """The engine's settings for this run (-k auto: drafts of up to AUTO_K_MAX, as auto chooses)."""
+        return Settings(
+            self.draft_tokens or AUTO_K_MAX, self.max_tokens, self.sampler, self.seed, self.debug,
+            ordered_cells=self.exact, prompt_kernels=prompt_kernels,
+        )  # fmt: skip
+
+    def as_dict(self) -> dict:
+        """The --json "config": every option shown there, paths as strings, -k auto as "auto"."""
+        out = {}
+        for o in OPTIONS:
+            if o.in_json:
+                v = getattr(self, o.key)
+                out[o.key] = str(v) if isinstance(v, Path) else ("auto" if o.key == "draft_tokens" and v is None else v)
+        return out
+
+
+OPTIONS: tuple[Option, ...] = tuple(replace(f.metadata["option"], key=f.name) for f in fields(RunConfig) if f.metadata)
 BY_KEY = {o.key: o for o in OPTIONS}
 PAIR_KEYS = {o.key: o.config if len(o.config) > 1 else o.config[0] for o in OPTIONS if o.config}
 
@@ -304,76 +350,6 @@ def with_options(*keys: str) -> Callable:
         return fn
 
     return wrap
-
-
-def given(settings: dict[str, Any]) -> dict[str, Any]:
-    """The options' values as the command line gave them (choices as plain strings), and as the
-    environment sets those it did not (an environment variable wins over the config file)."""
-    out = {k: v.value if isinstance(v, Enum) else v for k, v in settings.items() if k in BY_KEY}
-    for o in OPTIONS:
-        if o.env and o.key in settings and out.get(o.key) is None and os.environ.get(o.env):
-            out[o.key] = os.environ[o.env]
-    return out
-
-
-class OptionError(UsageError):
-    """One setting breaks its rule; `key` names the option (and config key)."""
-
-    def __init__(self, key: str, rule: str):
-        super().__init__(f"{BY_KEY[key].flag} {rule}")
-        self.key = key
-        self.rule = rule
-
-
-def _validate(cfg: Any) -> None:
-    for o in OPTIONS:
-        rule = o.problem(getattr(cfg, o.key))
-        if rule:
-            raise OptionError(o.key, rule)
-    usage = [
-        (cfg.drafter != "model" or cfg.draft is not None, "--drafter model needs --draft PATH"),
-        (
-            cfg.branches == 1 or (cfg.draft is not None and cfg.drafter in ("model", "auto")),
-            f"--branches {cfg.branches} needs a draft model: only the draft model forks "
-            f"({'--drafter ' + cfg.drafter if cfg.drafter in ('lookup', 'none') else 'no --draft given'})",
-        ),
-    ]
-    for ok, message in usage:
-        if not ok:
-            raise UsageError(message)
-
-
-def _as_dict(cfg: Any) -> dict:
-    """The --json "config": every option shown there, paths as strings, -k auto as "auto"."""
-    out = {}
-    for o in OPTIONS:
-        if o.in_json:
-            v = getattr(cfg, o.key)
-            out[o.key] = str(v) if isinstance(v, Path) else ("auto" if o.key == "draft_tokens" and v is None else v)
-    return out
-
-
-def _sampler(cfg: Any) -> Sampler:
-    return Sampler(cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p)
-
-
-# RunConfig: everything a run needs, resolved and validated in one place; its fields are the options
-# (target a Path, draft a Path or None, draft_tokens None for auto) plus debug.
-_FIELD_TYPES = {"target": Path, "draft": Optional[Path], "draft_tokens": Optional[int], "drafter": str}
-RunConfig = make_dataclass(
-    "RunConfig",
-    [("target", Path)]
-    + [
-        (o.key, _FIELD_TYPES.get(o.key, Optional[o.type]),
-         field(default_factory=default_threads) if o.key == "threads" else field(default=o.default))
-        for o in OPTIONS if o.key != "target"
-    ]
-    + [("debug", bool, field(default=False))],
-    frozen=True,
-    namespace={"__post_init__": _validate, "as_dict": _as_dict, "sampler": property(_sampler),
-               "__doc__": "Everything a run needs, resolved and validated in one place (fields: the OPTIONS).",
-               "__module__": __name__},
-)  # fmt: skip
 
 
 def list_problem(key: str, values: list, option: str, auto: bool = False) -> str | None:

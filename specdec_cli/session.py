@@ -5,22 +5,20 @@ from __future__ import annotations
 import functools
 import time
 from contextlib import ExitStack
-from dataclasses import replace
 from typing import Iterator
 
 from . import drafting
 from .backend import rpc, vocab
-from .backend.native import Context, Model
+from .backend.context import Context
+from .backend.native import Model
 from .drafting import cache as lookup_cache
 from .drafting import cost
 from .drafting.corpus import Corpus
 from .engine import kv
 from .engine.events import Event
-from .engine.kv import Sequence
-from .engine.speculative import Settings, generate
+from .engine.speculative import generate
 from .errors import SpecdecError, UsageError
 from .text import with_text
-from . import options
 from .options import AUTO_K_MAX, CTX_SIZE, MAX_BRANCHES, MAX_DRAFT_TOKENS, MIN_CTX, RunConfig  # noqa: F401 (RunConfig: re-exported)
 
 
@@ -109,10 +107,6 @@ class Session:
         draft = cfg.draft and self.drafter != "none"
         self.draft = stack.enter_context(Model(cfg.draft, devices=local)) if draft else None
         self._corpus: Corpus | None = None
-        self._lookup_sources: tuple[str, Corpus | None] = ("", None)
-        self._held: dict[Context, Sequence] = {}  # what a finished run left in each cache (reuse)
-        self._held_at = 0  # the cost curve's measurements by then: a later one emptied the caches
-        self._taken: list[Sequence] = []  # the sequences the current run took out of _held
         if self.draft is not None:
             why = vocab.incompatibility(self.target, self.draft)
             if why:
@@ -143,6 +137,7 @@ class Session:
             if self.draft else None
         )  # fmt: skip
         self.curve = cost.Curve(self.target_ctx, self.draft_ctx, AUTO_K_MAX + 1)
+        self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
         if servers:
             rpc.watch_connections()  # a server machine that vanishes ends the run instead of hanging it
         if self.target_ctx.other_backends:
@@ -233,76 +228,49 @@ class Session:
         return tokens
 
     def generate(
-        self, tokens: list[int], drafter: str | None = None, *, instruction: str = "", corpus: Corpus | None = CACHED,
-        reuse: bool = False, **overrides,
+        self, tokens: list[int], *, instruction: str = "", corpus: Corpus | None = CACHED, reuse: bool = False,
+        **changes,
     ) -> Iterator[Event]:  # fmt: skip
-        """Run the engine on prompt tokens. `drafter` overrides the configured one ("none" decodes
-        target-only even with a draft loaded: like-for-like baselines); `overrides` replace RunConfig's
-        draft_tokens (None = auto) and branches, or Settings fields (benchmarks sweep k and branches).
+        """Run the engine on prompt tokens. `changes`: settings of this run other than the session's
+        (RunConfig.override, checked by the options' rules): a request's, a bench row's; drafter="none"
+        decodes target-only even with a draft loaded (like-for-like baselines).
         Lookup's sources: `instruction`, the user's prompt (the names it mentions are where the answer
         edits), and `corpus`, earlier answers: the lookup cache unless given (the bench brings its own).
         `reuse`: keep what both caches hold of this prompt from the run before (a server's chat turns);
         Prefilled.cached says how much."""
-        self._lookup_sources = (instruction, self.lookup_corpus() if corpus is CACHED else corpus)
-        k = overrides.pop("draft_tokens", self.cfg.draft_tokens)
-        branches = overrides.pop("branches", self.cfg.branches)
-        self.check_branches(branches)
-        settings = Settings(
-            AUTO_K_MAX, self.cfg.max_tokens, self.cfg.sampler, self.cfg.seed, self.cfg.debug, self.cfg.exact
-        )
-        settings = replace(settings, draft_tokens=k or AUTO_K_MAX, **overrides)
-        problem = options.flag_problem("draft_tokens", settings.draft_tokens)  # a sweep's k: the option's rule
-        if problem:
-            raise UsageError(problem)
-        # Exact mode's prompt normally goes through the fast kernels (every run of a prompt decodes it
-        # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in
-        # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
-        # reused prefix holds exactly the cells a cold run computes.
-        settings = replace(settings, prompt_kernels=not reuse)
-        run = replace(self.cfg, draft_tokens=k or None, branches=branches)  # (interim, until the config merge)
-        return self._run(self._able(drafter or self.drafter), run, tokens, settings, reuse)
+        run = self.cfg.override(**changes)
+        self.check_branches(run.branches)
+        name = self._able(run.drafter) if "drafter" in changes else self.drafter
+        return self._run(name, run, tokens, instruction, self.lookup_corpus() if corpus is CACHED else corpus, reuse)
 
-    def _run(self, name: str, run: RunConfig, tokens: list[int], settings: Settings, reuse: bool) -> Iterator[Event]:
+    def _run(
+        self, name: str, run: RunConfig, tokens: list[int], instruction: str, corpus: Corpus | None, reuse: bool
+    ) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other.
-        self._taken = []
-        instruction, corpus = self._lookup_sources
         drafter = drafting.build(
             name,
             drafting.Sources(
                 k=run.draft_tokens, costs=functools.partial(self.curve.get, tokens),
-                draft=(lambda: self._sequence(self.draft_ctx, tokens, reuse)) if self.draft_ctx else None,
+                draft=functools.partial(self.kept.take, self.draft_ctx, tokens, reuse) if self.draft_ctx else None,
                 p_min=run.p_min, branches=run.branches, p_split=run.p_split, max_nodes=MAX_DRAFT_TOKENS,
                 vocab=self.target.n_vocab, lookup_branches=MAX_BRANCHES if self.target.rollback == "cells" else 1,
                 instruction=instruction, corpus=corpus, tokenize=functools.partial(self.target.tokenize, special=False),
                 piece=self.target.piece,
             ),
         )  # fmt: skip
-        main = self._sequence(self.target_ctx, tokens, reuse)
+        main = self.kept.take(self.target_ctx, tokens, reuse)
+        # Exact mode's prompt normally goes through the fast kernels (every run of a prompt decodes it
+        # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in
+        # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
+        # reused prefix holds exactly the cells a cold run computes.
+        settings = run.settings(prompt_kernels=not reuse)
         try:
             yield from with_text(generate(main, drafter, tokens, settings), self.target.piece)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole
-            self._hold()
+            self.kept.keep()
             raise
-        self._hold()  # (a run that fails leaves nothing to trust)
-
-    def _hold(self) -> None:
-        self._held.update((s.ctx, s) for s in self._taken)
-        self._held_at = self.curve.measurements
-
-    def _sequence(self, ctx: Context, tokens: list[int], reuse: bool) -> Sequence:
-        """Sequence 0 of a context, out of _held for this run: empty, or (reuse) what it held after the
-        run before, back to the longest prefix it shares with the prompt but its last token (forks dropped)."""
-        seq = self._held.pop(ctx, None)
-        if reuse and seq is not None and self._held_at == self.curve.measurements:
-            held, prompt = seq.tokens, tokens[:-1]
-            n = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt)))
-            kv.clear(ctx, range(1, ctx.n_seq))
-            seq.rollback(n)
-        else:
-            seq = Sequence.empty(ctx)
-        self._taken.append(seq)
-        return seq
+        self.kept.keep()  # (a run that fails leaves nothing to trust)
 
     def lookup_corpus(self) -> Corpus | None:
         """The lookup cache's answers for this target's vocabulary, loaded once per session (None: off)."""

@@ -365,16 +365,16 @@ def _chart(rows: list[dict]) -> Text:
     return text
 
 
-def label(drafter: str, draft_tokens: int | str | None, branches: int = 1, k_for_auto: bool = False) -> str:
-    """A configuration in words: 'model k=3 b=2', 'lookup k=auto', 'auto', 'none'. The auto drafter
-    chooses its own k: named only where asked (`k_for_auto`)."""
+def label(
+    drafter: str, draft_tokens: int | str | None, branches: int = 1, k_for_auto: bool = False, exact: bool = False
+) -> str:
+    """A configuration in words, as generate, serve and bench show it: 'model k=3 b=2', 'lookup k=auto',
+    'auto', 'none', '... (exact)'. The auto drafter chooses its own k: named only where asked (`k_for_auto`)."""
     k = "auto" if draft_tokens is None else draft_tokens
-    out = drafter + (f" k={k}" if k and (drafter != "auto" or k_for_auto) else "")
-    return out + (f" b={branches}" if branches > 1 else "")
+    out = drafter + (f" k={k}" if k and drafter != "none" and (drafter != "auto" or k_for_auto) else "")
+    return out + (f" b={branches}" if branches > 1 else "") + (" (exact)" if exact else "")
 
 
 def _label(r: dict, k_for_auto: bool = False) -> str:
     """A bench row's configuration in words (the JSON rows of older runs have no "branches" or "exact")."""
-    return label(r["drafter"], r["draft_tokens"], r.get("branches", 1), k_for_auto) + (
-        " (exact)" if r.get("exact") else ""
-    )
+    return label(r["drafter"], r["draft_tokens"], r.get("branches", 1), k_for_auto, r.get("exact", False))

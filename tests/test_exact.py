@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from conftest import config, run_engine
-from specdec_cli.backend import cpu, gguf_file, native
-from specdec_cli.backend.native import Context, Model
+from specdec_cli.backend import context as native_context
+from specdec_cli.backend import cpu, gguf_file
+from specdec_cli.backend.context import Context
+from specdec_cli.backend.native import Model
 from specdec_cli.bench import suite
 from specdec_cli.cli import main
 from specdec_cli.engine.kv import Branches, Sequence
@@ -220,19 +222,19 @@ def test_exact_is_in_the_json_config_and_the_config_file(models, tmp_path, capsy
 
 def test_exact_on_a_gpu_build_runs_and_says_where_the_guarantee_ends(models, monkeypatch, capsys):
     """Other backends are not refused: their kernels are their own, and the warning says so."""
-    init = native.ReferenceKernels.__init__
+    init = native_context.ReferenceKernels.__init__
 
     def with_a_gpu(self, ctx_ptr):
         init(self, ctx_ptr)
         self.others = 1
 
-    monkeypatch.setattr(native.ReferenceKernels, "__init__", with_a_gpu)
+    monkeypatch.setattr(native_context.ReferenceKernels, "__init__", with_a_gpu)
     assert main(["generate", "hi", "--target", str(models["target"]), "-n", "2", "--exact"]) == 0
     assert "warning: --exact holds on CPU backends only" in capsys.readouterr().err
 
 
 def test_a_build_without_the_reference_kernels_is_one_line(models, monkeypatch, capsys):
-    monkeypatch.setattr(native, "native_lib", lambda: None)
+    monkeypatch.setattr(native_context, "native_lib", lambda: None)
     assert main(["generate", "hi", "--target", str(models["target"]), "-n", "2", "--exact"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: --exact needs ggml's reference CPU kernels") and "Traceback" not in err

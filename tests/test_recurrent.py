@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from conftest import config, run_engine, same_distribution, sample_counts
 
-from specdec_cli.backend.native import Context, Model
+from specdec_cli.backend.context import Context
+from specdec_cli.backend.native import Model
 from specdec_cli.engine import shapes as tree_module
 from specdec_cli.engine.events import Round, Stopped, Token
 from specdec_cli.engine.kv import Sequence
@@ -138,7 +139,7 @@ def test_random_early_stops_leave_both_caches_holding_the_committed_text(open_pa
         kw = dict(
             draft_tokens=int(rng.integers(1, 9)),
             max_tokens=int(rng.integers(1, 48)),
-            sampler=Sampler(temp=float(rng.choice([0.0, 0.8]))),
+            temp=float(rng.choice([0.0, 0.8])),
             seed=trial,
         )
         stream = s.generate(prompt, **kw)
@@ -201,7 +202,7 @@ def test_the_snapshot_memory_is_what_llama_cpp_allocates(models, arch):
     """Model.state_bytes (from the GGUF's metadata) x (1 + snapshots) x sequences, against llama.cpp's own
     figure for the recurrent cache it allocates (its log, in MiB to two decimals)."""
     code = (
-        "import sys; from specdec_cli.backend.native import Context, Model\n"
+        "import sys; from specdec_cli.backend.context import Context; from specdec_cli.backend.native import Model\n"
         "m = Model(sys.argv[1]); print('STATE', m.state_bytes(), flush=True)\n"
         "Context(m, n_ctx=256, n_threads=1, n_seq=2, snapshots=63).close()\n"
     )

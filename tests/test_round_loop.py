@@ -34,7 +34,7 @@ class FakeContext:
     """A KV cache that is a list of token ids per sequence; logits that make t+1 the argmax after t."""
 
     n_ctx, n_batch, n_vocab, n_seq = 256, 64, VOCAB, 4
-    max_rollback = None  # cells: any tail can go (native.Context)
+    max_rollback = None  # cells: any tail can go (backend.context.Context)
     model = FakeModel()
 
     def __init__(self) -> None:
@@ -148,7 +148,7 @@ def test_the_llama_cpp_context_and_the_fake_both_satisfy_the_engines_protocol(mo
     have every member it names, methods with the same parameters (a renamed one would break one of them)."""
     import inspect
 
-    from specdec_cli.backend.native import Context as LlamaContext
+    from specdec_cli.backend.context import Context as LlamaContext
     from specdec_cli.backend.native import Model
     from specdec_cli.engine import context
 

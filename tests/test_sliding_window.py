@@ -1,6 +1,6 @@
 """Sliding-window attention: Gemma 3 270M attends over the last 512 positions on 15 of its 18 layers.
 
-Contexts keep every cell of those layers (swa_full, backend.native.Context), so a rollback past the
+Contexts keep every cell of those layers (swa_full, backend.context.Context), so a rollback past the
 window returns to cells that are still there. Here Gemma drafts for itself on prompts whose text runs
 past the window: one of 703 tokens, one of 495 whose answer crosses position 512. Greedy output of
 every drafter must be --drafter none's, token for token. With the default (fast) kernels it is not on

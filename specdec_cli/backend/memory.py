@@ -5,47 +5,45 @@ some architectures), read from the GGUF header and asked of llama.cpp."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import llama_cpp.llama_cpp as L
 
 from ..errors import SpecdecError
 from . import gguf_file
 
-if TYPE_CHECKING:
-    from .native import Model
-
 RECURRENT_TENSORS = ("ssm_", "shortconv.", "time_mix_")  # a layer with any of these keeps a recurrent state
 
 
-def rollback(model: Model) -> str:
+def rollback(model_ptr, name: str) -> str:
     """A recurrent or hybrid model's cache: "snapshots" where llama.cpp keeps per-token snapshots of its
     state for the architecture (n_rs_seq), else "none". llama.cpp says which by honouring n_rs_seq in a
     context (it clamps it to 0 otherwise), so a small probe context asks it."""
     params = L.llama_context_default_params()
     params.n_ctx = params.n_batch = params.n_ubatch = 16
     params.n_seq_max, params.n_rs_seq, params.n_threads, params.n_threads_batch = 1, 1, 1, 1
-    ctx = L.llama_init_from_model(model._ptr, params)
+    ctx = L.llama_init_from_model(model_ptr, params)
     if not ctx:
-        raise SpecdecError(f"cannot create a llama.cpp context for {model.name}")
+        raise SpecdecError(f"cannot create a llama.cpp context for {name}")
     try:
         return "snapshots" if L.llama_n_rs_seq(ctx) > 0 else "none"
     finally:
         L.llama_free(ctx)
 
 
-def kv_bytes_per_token(model: Model) -> int:
-    """KV-cache bytes one context position takes: F16 keys and values in every attention layer."""
-    n_head = L.llama_model_n_head(model._ptr)
+def kv_bytes_per_token(model_ptr, meta: Callable[[str], str | None], hybrid: Path | None = None) -> int:
+    """KV-cache bytes one context position takes: F16 keys and values in every attention layer (`meta`: the
+    model's metadata; `hybrid`: a hybrid model's file, whose recurrent layers have no cells)."""
+    n_head = L.llama_model_n_head(model_ptr)
     if n_head <= 0:  # no attention (recurrent): its state does not grow with the context
         return 0
-    arch = model.architecture
+    arch = meta("general.architecture")
     # Heads may be wider than n_embd / n_head (Qwen3: 128 vs 64): the file says so when they are.
-    k_dim = int(model.meta(f"{arch}.attention.key_length") or L.llama_model_n_embd(model._ptr) // n_head)
-    v_dim = int(model.meta(f"{arch}.attention.value_length") or k_dim)
-    n_layer, n_head_kv = L.llama_model_n_layer(model._ptr), L.llama_model_n_head_kv(model._ptr)
-    if model.recurrent:  # a hybrid: only its attention layers have cells (their head count, per layer)
-        h = gguf_file.header(model.path)
+    k_dim = int(meta(f"{arch}.attention.key_length") or L.llama_model_n_embd(model_ptr) // n_head)
+    v_dim = int(meta(f"{arch}.attention.value_length") or k_dim)
+    n_layer, n_head_kv = L.llama_model_n_layer(model_ptr), L.llama_model_n_head_kv(model_ptr)
+    if hybrid is not None:  # only its attention layers have cells (their head count, per layer)
+        h = gguf_file.header(hybrid)
         n_layer -= len(recurrent_layers(h))
         n_head_kv = max(gguf_file.per_layer(h.metadata, f"{arch}.attention.head_count_kv") or [n_head_kv])
     return n_layer * n_head_kv * (k_dim + v_dim) * 2

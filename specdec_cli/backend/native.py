@@ -1,4 +1,5 @@
-"""Owners of llama.cpp's native handles: a model, a context, a reusable batch.
+"""llama.cpp's library (loaded once, its log and aborts caught) and the owner of a model's handle.
+Contexts are in context.py.
 
 Only the low-level API (`llama_cpp.llama_cpp`) is used: the high-level `Llama` class cannot turn on
 a unified multi-sequence KV cache and keeps an n_ctx x n_vocab scores buffer we do not want.
@@ -13,13 +14,9 @@ import os
 import re
 import secrets
 import sys
-import time
 from collections import deque
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-import numpy as np
 
 import llama_cpp.llama_cpp as L
 
@@ -59,11 +56,8 @@ def _on_abort(message: bytes | None) -> None:
 
 
 def _set_abort_handler() -> None:
-    """Hand _on_abort to ggml_set_abort_callback; a build without the hook is left as it is.
-
-    The symbol is looked up through libllama, opened by the path llama_cpp opened it by (so the same
-    handle): the wheel ships libggml-base.so and libggml-base.so.0 as separate copies, and opening
-    one by name could load a second ggml whose callback nobody calls (see native_lib)."""
+    """Hand _on_abort to ggml_set_abort_callback, looked up through libllama (native_lib says why); a build
+    without the hook is left as it is."""
     setter = getattr(native_lib(), "ggml_set_abort_callback", None)
     if setter is not None:
         setter.argtypes, setter.restype = [type(_on_abort)], ctypes.c_void_p
@@ -85,41 +79,6 @@ def native_lib() -> ctypes.CDLL | None:
     return None
 
 
-class ReferenceKernels:
-    """ggml's reference mode on a context's CPU backends, on or off (`ggml_backend_cpu_set_use_ref`).
-
-    In reference mode each row of a batch is computed the way a batch of one computes it: no tiled
-    matmul (>= 8 rows), no split-KV flash attention (a single query row over >= 512 cells), no tiled
-    flash attention, no fused ops. llama.cpp's API does not reach a context's backends, so its
-    scheduler is found through the C++ method llama_context::get_sched."""
-
-    def __init__(self, ctx_ptr) -> None:
-        lib = native_lib()
-        try:
-            get_sched = lib._ZNK13llama_context9get_schedEv
-            n_backends, get_backend = lib.ggml_backend_sched_get_n_backends, lib.ggml_backend_sched_get_backend
-            is_cpu, self._set = lib.ggml_backend_is_cpu, lib.ggml_backend_cpu_set_use_ref
-        except AttributeError as e:  # lib is None, or a build without one of them
-            raise SpecdecError(
-                f"--exact needs ggml's reference CPU kernels, which this llama.cpp build does not expose ({e})",
-                hint="reinstall llama-cpp-python (README, Install), or run without --exact",
-            ) from None
-        get_sched.argtypes, get_sched.restype = [ctypes.c_void_p], ctypes.c_void_p
-        n_backends.argtypes, n_backends.restype = [ctypes.c_void_p], ctypes.c_int
-        get_backend.argtypes, get_backend.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_void_p
-        is_cpu.argtypes, is_cpu.restype = [ctypes.c_void_p], ctypes.c_bool
-        self._set.argtypes, self._set.restype = [ctypes.c_void_p, ctypes.c_bool], None
-        sched = get_sched(ctx_ptr)
-        backends = [get_backend(sched, i) for i in range(n_backends(sched))]
-        self.cpus = [b for b in backends if is_cpu(b)]
-        self.others = len(backends) - len(self.cpus)  # GPU and other backends: their kernels are their own
-        self.set(True)
-
-    def set(self, on: bool) -> None:
-        for backend in self.cpus:
-            self._set(backend, on)
-
-
 _backend_ready = False
 
 
@@ -136,7 +95,7 @@ def init_backend() -> None:
         _backend_ready = True
 
 
-def _last_log_error() -> str:
+def last_log_error() -> str:
     return _LOG_LINES[-1] if _LOG_LINES else ""
 
 
@@ -147,7 +106,7 @@ def _load_error() -> str:
     marker = "error loading model: "
     why = next((line.partition(marker)[2] for line in reversed(_LOG_LINES) if marker in line), "")
     if not why or "failed to load model from" in why:
-        why = next((line for line in _LOG_LINES if line.startswith("gguf_")), why or _last_log_error())
+        why = next((line for line in _LOG_LINES if line.startswith("gguf_")), why or last_log_error())
     # Without the C function in front ("check_tensor_dims: tensor ...") and the column padding.
     return " ".join(re.sub(r"^\w+: ", "", why).split())
 
@@ -223,7 +182,7 @@ class Model:
     @functools.cached_property
     def rollback(self) -> str:
         """How its cache drops a rejected tail: "cells", "snapshots" or "none" (memory.rollback)."""
-        return memory.rollback(self) if self.recurrent else "cells"
+        return memory.rollback(self._ptr, self.name) if self.recurrent else "cells"
 
     def rollback_problem(self) -> str | None:
         """Why this model's cache cannot drop a partial tail (a target must, to speculate), or None."""
@@ -244,7 +203,7 @@ class Model:
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one context position takes (F16 keys and values, every attention layer)."""
-        return memory.kv_bytes_per_token(self)
+        return memory.kv_bytes_per_token(self._ptr, self.meta, self.path if self.recurrent else None)
 
     def chat_template(self) -> str | None:
         tmpl = L.llama_model_chat_template(self._ptr, None)
@@ -335,170 +294,3 @@ class Model:
                 hint="use --no-chat and write the prompt in the model's format yourself",
             )
         return buf.raw[:n].decode("utf-8", "replace")
-
-
-class Context:
-    """One llama.cpp context: its own KV cache shared by up to `n_seq` forkable sequences.
-
-    For a model loaded with exact=True every row a decode returns is the row a decode of that token
-    alone returns, bit for bit, whatever the batch around it (on CPU backends): flash attention on
-    (without it the attention matmuls are batch-shaped), ggml's reference kernels (ReferenceKernels;
-    `prompt_kernels` lifts them for the prompt), and, when the model has sgemm weights
-    (gguf_file.SGEMM_TYPES), no decode of a single row: a lone token gets a twin in a scratch
-    sequence, so that every product goes through the same sgemm. Rows then differ only if their KV
-    cells are visited in a different order: the engine keeps the target's cells in position order
-    (speculative.Settings.ordered_cells)."""
-
-    def __init__(
-        self, model: Model, *, n_ctx: int, n_threads: int, n_seq: int = 2, max_outputs: int = 64, snapshots: int = 0
-    ):  # fmt: skip
-        """snapshots: recurrent-state snapshots per sequence (llama.cpp's n_rs_seq), so that a recurrent or
-        hybrid cache can drop up to that many tokens of its last decode (`max_rollback`)."""
-        self.model = model
-        params = L.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = min(n_ctx, 2048)
-        params.n_ubatch = min(n_ctx, 512)
-        params.n_seq_max = n_seq
-        params.n_threads = params.n_threads_batch = n_threads
-        # seq_cp between sequences needs one buffer for all of them.
-        params.kv_unified = True
-        # Sliding-window layers would evict cells that a rollback must be able to return to.
-        params.swa_full = True
-        params.n_rs_seq = snapshots if model.rollback == "snapshots" else 0
-        # We read logits for at most a verify batch; the default (n_batch) reserves 1 GB+ of
-        # output buffers with a 150k vocabulary.
-        params.n_outputs_max = max_outputs
-        # Exact mode's lone tokens get a twin in sequence n_seq (one more output row too).
-        self._twin_seq = n_seq if model.exact and model.sgemm_weights else None
-        if model.exact:
-            params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            # A GPU build sends batches of 32+ rows to the GPU even for weights in host memory; keep the
-            # CPU's layers on the CPU's (reference) kernels.
-            params.op_offload = False
-            params.n_seq_max = n_seq + (self._twin_seq is not None)
-            params.n_outputs_max = max_outputs + 1
-        self._ptr = L.llama_init_from_model(model._ptr, params)
-        if not self._ptr:
-            raise SpecdecError(
-                f"cannot create a llama.cpp context for {model.name} (n_ctx={n_ctx}): "
-                f"{_last_log_error() or 'out of memory?'}",
-                hint="try a smaller -c/--ctx-size",
-            )
-        self.n_ctx = L.llama_n_ctx(self._ptr)
-        # A decode of n_batch tokens has no room for a twin: exact mode's batches are one token shorter.
-        self.n_batch = L.llama_n_batch(self._ptr) - (self._twin_seq is not None)
-        self.n_vocab = model.n_vocab
-        self.n_seq = n_seq
-        # Tokens of its last decode a sequence can drop: any number of KV cells, or as many as llama.cpp
-        # keeps recurrent-state snapshots of (0: none; a deeper rollback clears the sequence: kv.Sequence).
-        self.max_rollback = None if model.rollback == "cells" else L.llama_n_rs_seq(self._ptr)
-        self.memory = L.llama_get_memory(self._ptr)
-        self._batch = Batch(L.llama_n_batch(self._ptr), n_seq)
-        self._reference = ReferenceKernels(self._ptr) if model.exact else None
-        # Exact mode: backends that are not the CPU, whose kernels are their own (README: Exact output).
-        self.other_backends = self._reference.others if self._reference else 0
-        self.decode_seconds = 0.0  # time inside llama_decode, to tell model cost from our overhead
-
-    def close(self) -> None:
-        if self._ptr:
-            self._batch.close()
-            L.llama_free(self._ptr)
-            self._ptr = None
-
-    def __enter__(self) -> Context:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def prompt_kernels(self) -> Iterator[None]:
-        """Exact mode: decodes inside use the fast kernels (tiled, about 3x faster on a long prompt). For
-        the prompt, which every run of a prompt decodes alike; never for a token that a batch verifies."""
-        if self._reference is None:
-            yield
-            return
-        self._reference.set(False)
-        try:
-            yield
-        finally:
-            self._reference.set(True)
-
-    def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str | int) -> np.ndarray:
-        """Decode `tokens` at positions pos0.. and return their logits rows, shape (n_out, n_vocab).
-
-        outputs: "last" (one row), "all" (a row per token), or i: rows for tokens[i:]. The rows are a
-        view into llama.cpp's buffer, valid until the next decode: read them, never keep them.
-        """
-        n = len(tokens)
-        first = {"all": 0, "last": n - 1}.get(outputs, outputs)
-        return self.decode_tree(tokens, list(range(pos0, pos0 + n)), [(seq_id,)] * n, first)
-
-    def decode_tree(
-        self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int = 0
-    ) -> np.ndarray:
-        """Decode tokens at their own positions, each in one or more sequences (a token shared by several
-        branches of a tree is computed once). Rows for tokens[first_out:], as in `decode`."""
-        n = len(tokens)
-        if n > self.n_batch:
-            raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
-        first_out = min(max(first_out, 0), n - 1)
-        twin = self._twin_seq is not None and first_out == n - 1
-        if twin:  # one output row: its twin makes the output matmul (and a lone token's every one) two wide
-            tokens, pos, seqs = [*tokens, tokens[-1]], [*pos, pos[-1]], [*seqs, (self._twin_seq,)]
-        self._batch.fill(tokens, pos, seqs, first_out)
-        t0 = time.perf_counter()
-        try:
-            rc = L.llama_decode(self._ptr, self._batch.raw)
-        finally:
-            if twin:
-                self.seq_rm(self._twin_seq, -1, -1)  # its cell is free again, for the next position
-        self.decode_seconds += time.perf_counter() - t0
-        if rc != 0:
-            why = {1: "no free slot in the KV cache (context full)", 2: "aborted"}.get(rc, f"code {rc}")
-            raise SpecdecError(f"llama_decode failed on {self.model.name}: {why}")
-        ptr = L.llama_get_logits(self._ptr)
-        return np.ctypeslib.as_array(ptr, shape=(n - first_out, self.n_vocab))
-
-    # --- KV memory: used through kv.Sequence, which owns the bookkeeping ---------------------
-    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
-        return bool(L.llama_memory_seq_rm(self.memory, seq, p0, p1))
-
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        L.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
-
-    def seq_keep(self, seq: int) -> None:
-        L.llama_memory_seq_keep(self.memory, seq)
-
-    def seq_pos_range(self, seq: int) -> tuple[int, int]:
-        """(min, max) position the cache holds for `seq`; (-1, -1) when empty."""
-        return (L.llama_memory_seq_pos_min(self.memory, seq), L.llama_memory_seq_pos_max(self.memory, seq))
-
-
-class Batch:
-    """A llama_batch allocated once and refilled for every decode (no per-round allocation)."""
-
-    def __init__(self, capacity: int, n_seq: int):
-        self.capacity = capacity
-        self.raw = L.llama_batch_init(capacity, 0, n_seq)
-        self._live = True
-
-    def fill(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int) -> None:
-        """tokens[i] at pos[i] in seqs[i]; logits for tokens[first_out:] (and always the last)."""
-        b = self.raw
-        n = len(tokens)
-        b.n_tokens = n
-        for i, t in enumerate(tokens):
-            b.token[i] = t
-            b.pos[i] = pos[i]
-            b.n_seq_id[i] = len(seqs[i])
-            for j, s in enumerate(seqs[i]):
-                b.seq_id[i][j] = s
-            b.logits[i] = i >= first_out
-        b.logits[n - 1] = True
-
-    def close(self) -> None:
-        if self._live:
-            L.llama_batch_free(self.raw)
-            self._live = False

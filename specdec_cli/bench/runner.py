@@ -9,7 +9,6 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..drafting.corpus import Corpus
-from ..engine.sampling import Sampler
 from ..engine.events import Notice
 from ..engine.stats import Stats, collect
 from ..session import Session
@@ -78,25 +77,24 @@ def sweep(
     prompts: list[Prompt],
     configs: list[Config],
     *,
-    max_tokens: int,
     runs: int,
     seed: int,
-    sampler: Sampler,
     tick: Callable[[], None] = lambda: None,
     notice: Callable[[str], None] = lambda message: None,
 ) -> Iterator[RowResult]:
     """Yield each configuration's result as soon as it is finished; `notice` hears the engine's notices
     (a draft model that stopped drafting: its rows then decode plainly). `sessions` holds a session per
     mode the configurations use (exact or not): exact rows are compared with the exact baseline, and
-    with the fast one too when it runs (exact mode's cost, side by side)."""
+    with the fast one too when it runs (exact mode's cost, side by side). A row's settings change the
+    session's by RunConfig.override, as a request's do (the same rules)."""
     first = next(iter(sessions.values()))
     encoded = [first.prompt_tokens(p.text) for p in prompts]
 
     def generate(config: Config, i: int, corpus: Corpus | None = None) -> Run:
-        s = Sampler(config.temp, sampler.top_k, sampler.top_p, sampler.min_p)
+        k = {} if config.is_baseline else {"draft_tokens": config.draft_tokens}
         events = sessions[config.exact].generate(
-            encoded[i], drafter=config.drafter, draft_tokens=config.draft_tokens, branches=config.branches,
-            max_tokens=max_tokens, sampler=s, seed=seed + i, instruction=prompts[i].text, corpus=corpus,
+            encoded[i], drafter=config.drafter, branches=config.branches, temp=config.temp, seed=seed + i,
+            instruction=prompts[i].text, corpus=corpus, **k,
         )  # fmt: skip
         result = collect(events, lambda e: notice(e.message) if isinstance(e, Notice) else None)
         tick()

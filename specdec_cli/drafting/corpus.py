@@ -1,6 +1,6 @@
 """Earlier answers as a draft source: the text's last tokens looked up in a sorted n-gram index.
 
-The committed text is searched by scanning it (engine/lookup.py); a corpus of thousands of earlier
+The committed text is searched by scanning it (lookup.py); a corpus of thousands of earlier
 answers is too long to scan every round, so it is indexed once: every trigram's key, sorted, with the
 position it ends at. A round costs one binary search and a short backwards extension of the hits.
 """

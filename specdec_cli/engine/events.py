@@ -24,7 +24,7 @@ class Prefilled:
 class Token:
     id: int
     origin: Origin
-    text: str = ""  # added by whoever knows the model (backend/detok.py); "" while a character is incomplete
+    text: str = ""  # added by whoever knows the model (text.with_text); "" while a character is incomplete
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

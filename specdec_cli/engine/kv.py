@@ -7,7 +7,7 @@ in debug mode check, that a cache holds exactly a prefix of the committed text.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -169,3 +169,37 @@ class Branches:
         for s in range(self.main.seq_id + 1, self.main.ctx.n_seq):
             if self.main.ctx.seq_pos_range(s) != (-1, -1):
                 raise KVInvariantError(f"{self.main.ctx.model.name} seq {s}: a dropped branch still holds cells")
+
+
+class Kept:
+    """What each context's main sequence held when the last run ended, for the next run to start from:
+    empty, or (reuse) the longest prefix it shares with the new prompt (a server's chat turns).
+
+    `version()` changes when something else emptied the caches (a cost-curve measurement): what was kept
+    is then gone. A run that fails keeps nothing: its sequences are never handed back (`keep`)."""
+
+    def __init__(self, version: Callable[[], int]):
+        self._version = version
+        self._held: dict[Context, Sequence] = {}  # what a finished run left in each cache
+        self._at = version()  # the version they were kept at
+        self._taken: dict[Context, Sequence] = {}  # the current run's sequences
+
+    def take(self, ctx: Context, tokens: list[int], reuse: bool) -> Sequence:
+        """Sequence 0 of a context for a run on `tokens`: empty, or (reuse) what it held after the run
+        before, back to the longest prefix it shares with the prompt but its last token (forks dropped)."""
+        seq = self._held.pop(ctx, None)
+        if reuse and seq is not None and self._at == self._version():
+            held, prompt = seq.tokens, tokens[:-1]
+            n = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt)))
+            clear(ctx, range(1, ctx.n_seq))
+            seq.rollback(n)
+        else:
+            seq = Sequence.empty(ctx)
+        self._taken[ctx] = seq
+        return seq
+
+    def keep(self) -> None:
+        """The run ended cleanly (its caches rolled back to its text): the next run may start from them."""
+        self._held.update(self._taken)
+        self._taken.clear()
+        self._at = self._version()

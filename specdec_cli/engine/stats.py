@@ -122,7 +122,7 @@ class Stats:
                 elif isinstance(theirs, dict):
                     for name, d in theirs.items():
                         mine.setdefault(name, DrafterStats()).merge(d)
-                elif isinstance(theirs, (int, float)):  # (not stop_reason)
+                elif isinstance(theirs, (int, float)):  # counts and seconds (stop_reason, a string, is not summed)
                     setattr(total, f.name, mine + theirs)
         return total
 
@@ -191,33 +191,52 @@ class Result(NamedTuple):
     interrupted: bool = False
 
 
+class Fold:
+    """The one fold of a generation's events into statistics, token ids, text and the reused prompt tokens:
+    `collect` runs one over a whole stream; a server keeps one beside its own streaming (stop strings)."""
+
+    def __init__(self) -> None:
+        self.stats = Stats()
+        self.tokens: list[int] = []
+        self.pieces: list[str] = []
+        self.cached = 0  # prompt tokens the caches kept from the run before (Prefilled)
+
+    def add(self, event: Event) -> None:
+        self.stats.add(event)
+        if isinstance(event, Token):
+            self.tokens.append(event.id)
+            self.pieces.append(event.text)
+        elif isinstance(event, Stopped):
+            self.pieces.append(event.tail)
+        elif isinstance(event, Prefilled):
+            self.cached = event.cached
+
+    def result(self, interrupted: bool = False) -> Result:
+        return Result(self.stats, self.tokens, "".join(self.pieces), interrupted)
+
+
 def collect(
     events: Iterable[Event],
     on_event: Callable[[Event], None] | None = None,
     interrupts: tuple[type[BaseException], ...] = (),
 ) -> Result:
-    """Fold events into statistics, token ids and text: the one fold that the CLI, the bench and the tests
-    share. `on_event` sees each event once it is counted (a live view); one of `interrupts` ends the fold
+    """Fold events into statistics, token ids and text: what the CLI, the bench and the tests share.
+    `on_event` sees each event once it is counted (a live view); one of `interrupts` ends the fold
     early, the statistics so far standing, with stop reason "interrupted"."""
-    stats, ids, pieces = Stats(), [], []
+    fold = Fold()
     try:
         for event in events:
-            stats.add(event)
-            if isinstance(event, Token):
-                ids.append(event.id)
-                pieces.append(event.text)
-            elif isinstance(event, Stopped):
-                pieces.append(event.tail)
+            fold.add(event)
             if on_event is not None:
                 on_event(event)
     except interrupts:
-        stats.stop_reason = "interrupted"
-        return Result(stats, ids, "".join(pieces), True)
+        fold.stats.stop_reason = "interrupted"
+        return fold.result(interrupted=True)
     finally:
         close = getattr(events, "close", None)
         if close is not None:
             close()  # a generator walked away from runs its `finally` now: the engine's rollback
-    return Result(stats, ids, "".join(pieces))
+    return fold.result()
 
 
 def _grow(counts: list[int], n: int) -> None:

@@ -149,10 +149,9 @@ def _number(value: Any, name: str, integer: bool) -> int | float:
 
 
 def _draft_tokens(value: Any) -> int | None:
-    if value == "auto":
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
+    """-k's one parser, for JSON's values: a number or "auto" (not a number written as a string)."""
+    if value == "auto" or isinstance(value, int) and not isinstance(value, bool):
+        return options.parse_draft_tokens(value)
     raise ApiError(400, f'draft_tokens must be a whole number or "auto" (got {value!r})', param="draft_tokens")
 
 

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .. import __version__, ui
 from . import api
-from .service import Outcome, Service
+from .service import Finished, Service
 
 MAX_BODY = 8 * 2**20  # bytes; a prompt that fits any context we allow is far smaller
 IDLE_SECONDS = 30.0  # a connection that sends nothing for this long is closed (and a slow sender's read fails)
@@ -180,18 +180,18 @@ class Handler(BaseHTTPRequestHandler):
             if req.stream:
                 self._stream(req, rid, model, first, pieces)
                 return
-            text, outcome = [], None
+            text, finished = [], None
             for item in itertools.chain([first], pieces):
-                if isinstance(item, Outcome):
-                    outcome = item
+                if isinstance(item, Finished):
+                    finished = item
                 else:
                     text.append(item)
-            if outcome is None:  # the client left
+            if finished is None:  # the client left
                 self.close_connection = True
                 return
-            self._send_json(200, api.completion(req, rid, model, "".join(text), outcome.reason, outcome.stats,
-                                                outcome.cached))  # fmt: skip
-            self._log(req, outcome, time.perf_counter() - t0)
+            self._send_json(200, api.completion(req, rid, model, "".join(text), finished.reason, finished.stats,
+                                                finished.cached))  # fmt: skip
+            self._log(req, finished, time.perf_counter() - t0)
         finally:
             pieces.close()  # the generation's own finally: caches rolled back, the gate let go
 
@@ -202,11 +202,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self._event(api.chunk(req, rid, model, "", first=True))
-        t0, outcome, error = time.perf_counter(), None, None
+        t0, finished, error = time.perf_counter(), None, None
         try:
             for item in itertools.chain([first], pieces):
-                if isinstance(item, Outcome):
-                    outcome = item
+                if isinstance(item, Finished):
+                    finished = item
                 else:
                     self._event(api.chunk(req, rid, model, item))
         except api.ApiError as e:  # the server stopping
@@ -220,16 +220,16 @@ class Handler(BaseHTTPRequestHandler):
             self._event(error.body())
             self._end_stream()
             return
-        if outcome is None:  # the client left
+        if finished is None:  # the client left
             self.close_connection = True
             return
-        usage = api.usage(outcome.stats, outcome.cached)
-        extra = {"usage": usage, "speculative": outcome.stats.as_dict()}
-        self._event(api.chunk(req, rid, model, None, outcome.reason, extra=extra))
+        usage = api.usage(finished.stats, finished.cached)
+        extra = {"usage": usage, "speculative": finished.stats.as_dict()}
+        self._event(api.chunk(req, rid, model, None, finished.reason, extra=extra))
         if req.include_usage:  # OpenAI's own shape for it: a last chunk with no choices
             self._event({**api.chunk(req, rid, model, None), "choices": [], "usage": usage})
         self._end_stream()
-        self._log(req, outcome, time.perf_counter() - t0)
+        self._log(req, finished, time.perf_counter() - t0)
 
     def _event(self, obj: dict) -> None:
         self._chunk(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
@@ -288,9 +288,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.debug or e.status >= 500:
             ui.note(f"{self.command} {self.path} {e.status} {HTTPStatus(e.status).phrase}: {e.message}")
 
-    def _log(self, req: api.Request, outcome: Outcome, seconds: float) -> None:
-        s = outcome.stats
+    def _log(self, req: api.Request, finished: Finished, seconds: float) -> None:
+        s = finished.stats
         ui.note(
-            f"{req.kind}: {s.prompt_tokens} prompt tokens ({outcome.cached} cached), {s.generated_tokens} tokens in "
-            f"{seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, {s.mean_accepted:.2f} per verification, {outcome.reason}"
+            f"{req.kind}: {s.prompt_tokens} prompt tokens ({finished.cached} cached), {s.generated_tokens} tokens in "
+            f"{seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, {s.mean_accepted:.2f} per verification, {finished.reason}"
         )

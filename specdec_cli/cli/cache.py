@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from . import ui
-from .drafting import cache as lookup_cache
+from .. import ui
+from ..drafting import cache as lookup_cache
 
 app = typer.Typer(help="The lookup cache: earlier answers that lookup drafts from.", no_args_is_help=True)
 

@@ -10,12 +10,12 @@ from typing import Any, Optional
 
 import typer
 
-from . import config, options, signals, ui
-from .cli_common import run_config
-from .errors import SpecdecError, UsageError
-from .serve.http import Server
-from .serve.service import Service
-from .session import open_session
+from .. import options, signals, ui
+from .common import CONFIG, PAIR, run_config, settings
+from ..errors import SpecdecError, UsageError
+from ..serve.http import Server
+from ..serve.service import Service
+from ..session import open_session
 
 PORT = 8080  # llama-server's default: clients configured for it find us
 QUEUE = 16  # requests that may wait for the one generating; more get 503 with Retry-After
@@ -34,12 +34,10 @@ def serve(
         help=f"Require 'Authorization: Bearer KEY' on every request but /health (default: ${API_KEY_ENV}).",
     ),
     queue: int = typer.Option(QUEUE, "--queue", help="Requests that may wait while one generates; more get 503."),
-    pair: Optional[str] = typer.Option(None, "--pair", help="A named pair from the config (default: 'default')."),
-    config_path: Optional[Path] = typer.Option(
-        None, "--config", help="Config file (default: $SPECDEC_CONFIG, else the user config)."
-    ),
+    pair: Optional[str] = PAIR,
+    config_path: Optional[Path] = CONFIG,
     debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; log every request."),
-    **settings_given: Any,
+    **given: Any,
 ) -> None:
     """Serve the pair over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/models; /health."""
     if queue < 0:
@@ -50,8 +48,8 @@ def serve(
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key is empty")
     address = _address(host)
-    settings = config.resolve(options.given(settings_given), pair, config.config_file(config_path))
-    cfg = run_config(settings, debug=debug)
+    merged = settings(given, pair, config_path)
+    cfg = run_config(merged, debug=debug)
     try:  # listen before loading: a taken port fails in a second, not after the models load
         server = Server((address, port), None, api_key, debug)
     except OSError as e:
@@ -64,7 +62,7 @@ def serve(
                 ui.warning(message)
             if session.drafter != "none":  # auto's cost curve, measured now rather than in the first request
                 session.costs(session.target.tokenize("Hello, world.", special=True))
-            server.service = Service(session, *_model_names(settings, cfg), queue)
+            server.service = Service(session, *_model_names(merged, cfg), queue)
             _serve(server, host, api_key is not None, cfg)
     finally:
         server.close()
@@ -79,13 +77,12 @@ def _serve(server: Server, host: str, keyed: bool, cfg) -> None:
             f"{host} is reachable from other machines and this server has no authentication: anyone who reaches it "
             f"can use it; give --api-key KEY (or ${API_KEY_ENV})"
         )
-    k = "auto" if cfg.draft_tokens is None else cfg.draft_tokens
     listener = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="specdec-http", daemon=True
     )
     stop = threading.Event()
     try:  # from here on a signal stops the server cleanly, wherever it lands
-        how = cfg.drafter + (f", k={k}" if cfg.drafter != "none" else "")
+        how = ui.label(server.service.session.drafter, cfg.draft_tokens, cfg.branches, k_for_auto=True, exact=cfg.exact)
         ui.note(f"serving {server.service.model} ({how}) at {url}; Ctrl-C stops it")
         try:
             print(url, flush=True)  # standard output: a script reads the address (with --port 0, the port) here

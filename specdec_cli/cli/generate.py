@@ -1,0 +1,114 @@
+"""`specdec generate`: one prompt, its answer streamed live (or one JSON object), then the statistics."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from .. import inputs, options, signals, ui
+from ..engine.events import Notice, Stopped, Token
+from ..engine.stats import Result, collect
+from ..errors import UsageError
+from ..session import Session, open_session
+from .common import CONFIG, PAIR, run_config, settings
+
+
+@options.with_options(*options.BY_KEY)  # every run option
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' or nothing reads standard input."),
+    pair: Optional[str] = PAIR,
+    config_path: Optional[Path] = CONFIG,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the live stream."),
+    debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; show tracebacks."),
+    **given: Any,
+) -> None:
+    """Generate text from PROMPT with speculative decoding."""
+    if given.get("system") is not None:
+        given["system"] = _text(given["system"], "--system")
+    merged = settings(given, pair, config_path)
+    prompt_text = _read_prompt(prompt)
+    cfg = run_config(merged, debug=debug)
+    with open_session(cfg) as session:
+        session.lookup_corpus()  # read the lookup cache now: a damaged file's warning comes with the others
+        for message in session.warnings:
+            ui.warning(message)
+        tokens = session.prompt_tokens(prompt_text)
+        live = not json_out and ui.live_terminal()
+        stream = None if json_out else ui.TokenStream(live)
+        if stream:
+            stream.start()
+        result = _consume(session.generate(tokens, instruction=prompt_text), stream)
+        if not result.interrupted and result.stats.stop_reason in ("eos", "max_tokens"):
+            session.remember(result.tokens)  # the lookup cache: a later run may draft from this answer
+        with signals.held():  # what the run produced is printed whole
+            if stream:
+                stream.end()
+            if json_out:
+                ui.print_json(_json(session, result, merged.get("pair")))
+            else:
+                ui.show_stats(result.stats, _title(session), live)
+    if result.interrupted:
+        raise typer.Exit(signals.exit_code())
+
+
+def _json(session: Session, result: Result, pair: str | None) -> dict:
+    config = {
+        **session.cfg.as_dict(),
+        "ctx_size": session.target_ctx.n_ctx,  # as fitted to the models when -c was not given
+        "pair": pair,
+        "chat": session.uses_chat,
+        "target_on": session.where,
+    }
+    stats = {**result.stats.as_dict(), "load_seconds": round(session.load_seconds, 4)}
+    return {"text": result.text, "tokens": result.tokens, "stop_reason": result.stats.stop_reason,
+            "stats": stats, "config": config}  # fmt: skip
+
+
+def _title(session: Session) -> str:
+    cfg = session.cfg  # the drafter is the session's: none where the target cannot roll back (auto said so)
+    title = "specdec · " + ui.label(session.drafter, cfg.draft_tokens, cfg.branches, k_for_auto=True, exact=cfg.exact)
+    return title + (f" · target on {session.where}" if cfg.rpc else "")
+
+
+def _consume(events, stream: ui.TokenStream | None) -> Result:
+    """Fold the engine's events into statistics, token ids and text, streaming them if asked.
+    Ctrl-C ends it early; the statistics so far stand (the engine rolled its caches back)."""
+
+    def show(event) -> None:
+        if isinstance(event, Notice):
+            ui.warning(event.message)
+        elif stream is None:
+            return
+        elif isinstance(event, Token):
+            stream.token(event)
+        elif isinstance(event, Stopped):
+            stream.text(event.tail)
+
+    return collect(events, show, signals.INTERRUPTS)
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is not None and prompt != "-":
+        return _text(prompt, "the PROMPT argument")
+    if sys.stdin is None or sys.stdin.isatty():
+        raise UsageError(
+            "no prompt given", hint="pass PROMPT as an argument, or pipe it: echo 'hi' | specdec generate -"
+        )
+    text = inputs.read_text(sys.stdin.buffer, "standard input")
+    if not text.strip():
+        raise UsageError("the prompt read from standard input is empty")
+    return text
+
+
+def _text(value: str, what: str) -> str:
+    """A command-line string as UTF-8 text: Python hands over undecodable argument bytes as surrogates."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"{what} is not valid UTF-8", hint="pass UTF-8 text, or pipe a file: specdec generate - < FILE"
+        ) from None
+    return value

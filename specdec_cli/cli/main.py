@@ -1,0 +1,155 @@
+"""The `specdec` command line: the app, its commands (a module each, beside this one), and the one error
+boundary: every known error becomes `error: ...` plus a hint, and an exit status."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import traceback
+
+import typer
+
+from .. import __version__, signals, ui
+from ..errors import SpecdecError, UsageError
+from .bench import bench
+from .cache import app as cache_app
+from .generate import generate
+from .models import app as models_app
+from .rpc import rpc_server
+from .serve import serve
+
+app = typer.Typer(
+    name="specdec",
+    help="Lossless speculative decoding over llama.cpp GGUF models.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+app.add_typer(models_app, name="models")
+app.add_typer(cache_app, name="cache")
+app.command()(bench)
+app.command("rpc-server")(rpc_server)
+app.command()(serve)
+app.command()(generate)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"specdec {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Lossless speculative decoding over llama.cpp GGUF models."""
+
+
+# --- the one error boundary -------------------------------------------------------------------
+_ClickUsageError = typer.BadParameter.__mro__[1]  # Click's UsageError; Typer exports only this subclass
+
+
+def main(argv: list[str] | None = None, *, restore_signals: bool = True) -> int:
+    """Console entry point: every known error becomes one `error: ...` line and an exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    show_traceback = "--debug" in argv or os.environ.get("SPECDEC_DEBUG") == "1"
+    _hold_closed_stdio()
+    restore = signals.install()
+    stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
+    try:
+        code = app(args=argv, prog_name="specdec", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except SpecdecError as e:
+        if show_traceback:
+            traceback.print_exc()
+        hint = e.hint or ("see 'specdec --help'" if isinstance(e, UsageError) else None)
+        ui.error(e.message, hint)
+        return e.exit_code
+    except _ClickUsageError as e:
+        if not e.format_message():  # a group called without a command: Click has printed its help
+            return 2
+        command = e.ctx.command_path if getattr(e, "ctx", None) else "specdec"
+        ui.error(e.format_message(), f"see '{command} --help'")
+        return 2
+    except (*signals.INTERRUPTS, typer.Abort):
+        ui.error("interrupted")
+        return signals.exit_code()
+    except BrokenPipeError:  # stdout failed outside Click's own handling of it: as quiet (see _Stdout)
+        return 1
+    except OSError as e:  # the system refused something (a full disk, a read-only folder): not a bug of ours
+        if show_traceback:
+            traceback.print_exc()
+        ui.error(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
+        return 1
+    except Exception as e:  # a bug: still one line, unless asked for the traceback
+        if show_traceback:
+            traceback.print_exc()
+        ui.error(f"unexpected {type(e).__name__}: {e}", "rerun with --debug (or SPECDEC_DEBUG=1) for the traceback")
+        return 1
+    finally:
+        sys.stdout = stdout
+        if restore_signals:
+            restore()
+        else:
+            signals.over()
+
+
+class _Stdout:
+    """Standard output, with every failure to write it (a closed pipe, a full disk, a descriptor closed
+    before we started) turned into the closed-pipe error, which ends the run quietly with status 1 (as
+    Click does for a pipe): nobody is there to read a message, and the statistics on stderr stand."""
+
+    def __init__(self, stream):
+        self._stream = stream  # None: closed when we started
+
+    def write(self, text: str) -> int:
+        return self._guard(lambda s: s.write(text))
+
+    def flush(self) -> None:
+        self._guard(lambda s: s.flush())
+
+    def _guard(self, op):
+        if self._stream is None:
+            raise BrokenPipeError(errno.EPIPE, "standard output is closed")
+        try:
+            return op(self._stream)
+        except OSError as e:
+            self._stream = None
+            _point_at_null(1)  # what is still buffered can then never fail the interpreter's flush at exit
+            raise BrokenPipeError(errno.EPIPE, f"standard output: {e.strerror}") from None
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno() if self._stream is not None else 1  # 1 now holds /dev/null
+
+    def __getattr__(self, name: str):  # encoding, errors, ... as the real stream has them
+        return getattr(self._stream if self._stream is not None else sys.__stderr__, name)
+
+
+def _hold_closed_stdio() -> None:
+    """A closed stdin, stdout or stderr (`2>&-`) leaves its descriptor free, and the next file opened
+    would take it: a model, a bench file, whose bytes would then mix with our output. Hold each closed
+    one with /dev/null; statistics then go nowhere instead of into the answer."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            _point_at_null(fd)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+
+
+def _point_at_null(fd: int) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    if null != fd:
+        os.dup2(null, fd)
+        os.close(null)
+
+
+def run() -> None:
+    sys.exit(main(restore_signals=False))  # our handlers stay, so a late Ctrl-C cannot interrupt the exit
