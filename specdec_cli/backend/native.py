@@ -17,7 +17,6 @@ import sys
 from collections import deque
 from pathlib import Path
 
-
 import llama_cpp.llama_cpp as L
 
 from .. import signals
