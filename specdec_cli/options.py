@@ -297,6 +297,14 @@ class RunConfig:
         config=(str,),
         in_json=False,
     )
+    remeasure: bool = option(
+        "--remeasure",
+        type=bool,
+        default=False,
+        help="Measure auto's cost curve again instead of the one kept in the specdec cache (kept a day per "
+        "machine, model files, threads and llama.cpp build; measured again when auto sees the machine drift).",
+        in_json=False,
+    )
     debug: bool = False  # check the KV caches after every round (--debug, not a run option of its own)
 
     def __post_init__(self) -> None:

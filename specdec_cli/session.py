@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import functools
+import platform
 import time
 from contextlib import ExitStack
 from typing import Iterator
 
+import llama_cpp
+
 from . import drafting
-from .backend import rpc, vocab
+from .backend import cpu, rpc, vocab
 from .backend.context import Context
 from .backend.native import Model
 from .drafting import cache as lookup_cache
-from .drafting import cost
+from .drafting import cost, curves
 from .drafting.corpus import Corpus
 from .engine import kv
 from .engine.events import Event
@@ -136,7 +139,9 @@ class Session:
             stack.enter_context(Context(self.draft, n_ctx=draft_n_ctx, n_seq=seqs[self.draft], **ctx))
             if self.draft else None
         )  # fmt: skip
-        self.curve = cost.Curve(self.target_ctx, self.draft_ctx, AUTO_K_MAX + 1)
+        self.curve = cost.Curve(self.target_ctx, self.draft_ctx, AUTO_K_MAX + 1, key=self._curve_key(cfg))
+        if self.drafter != "none" and not cfg.remeasure:
+            self.curve.load(self.warnings.append)  # kept by an earlier process (drafting/curves.py)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
         if servers:
             rpc.watch_connections()  # a server machine that vanishes ends the run instead of hanging it
@@ -147,6 +152,14 @@ class Session:
                 "--drafter none at near-ties"
             )
         self.load_seconds = time.perf_counter() - t0
+
+    def _curve_key(self, cfg: RunConfig) -> str:
+        """What the cost curve depends on: this machine, the model files, threads, kernels, placement, build."""
+        models = [curves.file_identity(m.path) for m in (self.target, self.draft) if m is not None]
+        return curves.key(
+            {"host": platform.node(), "cpu": cpu.features(), "models": models, "threads": cfg.threads,
+             "exact": cfg.exact, "where": self.where, "llama_cpp": llama_cpp.__version__, "n_max": AUTO_K_MAX + 1}
+        )  # fmt: skip
 
     def _speculation(self, cfg: RunConfig) -> str:
         """The drafter, once the target's cache is known: auto decodes plainly where it cannot roll back."""
@@ -271,6 +284,7 @@ class Session:
             self.kept.keep()
             raise
         self.kept.keep()  # (a run that fails leaves nothing to trust)
+        self.curve.check_drift()
 
     def lookup_corpus(self) -> Corpus | None:
         """The lookup cache's answers for this target's vocabulary, loaded once per session (None: off)."""

@@ -26,6 +26,15 @@ def own_lookup_cache(tmp_path, monkeypatch) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def own_cost_curves(tmp_path, monkeypatch) -> Path:
+    """Every test (and the processes it starts) its own kept cost curves: a test that measures must not
+    get another's curve, nor the user's."""
+    folder = tmp_path / "cost-curves"
+    monkeypatch.setenv("SPECDEC_COST_CURVES", str(folder))
+    return folder
+
+
 def gguf(model: KnownModel, tmp_path_factory) -> Path:
     """The model's GGUF: the user's assembled copy if there is one, else assembled into a temp dir."""
     st = store.status(model)

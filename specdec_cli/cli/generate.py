@@ -62,7 +62,12 @@ def _json(session: Session, result: Result, pair: str | None) -> dict:
         "chat": session.uses_chat,
         "target_on": session.where,
     }
-    stats = {**result.stats.as_dict(), "load_seconds": round(session.load_seconds, 4)}
+    # cost_curve: where auto's costs came from, "measured" now or "cached" by an earlier run (None: unused)
+    stats = {
+        **result.stats.as_dict(),
+        "load_seconds": round(session.load_seconds, 4),
+        "cost_curve": session.curve.source,
+    }
     return {"text": result.text, "tokens": result.tokens, "stop_reason": result.stats.stop_reason,
             "stats": stats, "config": config}  # fmt: skip
 

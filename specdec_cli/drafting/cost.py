@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable
 from typing import Sequence as Seq
 
 import numpy as np
 
 from ..engine.context import Context
 from ..engine.kv import Sequence
+from . import curves
 
 # Quick: auto's start-up, about a second for a 1.5B model on 2 cores.
 QUICK_SIZES = (1, 2, 4, 8, 16)  # the rest is interpolated
@@ -74,6 +76,11 @@ class Costs:
         return self.verify(1)
 
     @property
+    def plain_measured(self) -> float | None:
+        """Plain decoding's seconds per token as measured back to back (None: t(1) after a draft decode)."""
+        return self._plain
+
+    @property
     def draft_ratio(self) -> float | None:
         """t_draft / t_target(1): the draft's cost in target tokens (the paper's c)."""
         return self.draft / self.plain if self.draft is not None else None
@@ -109,23 +116,49 @@ class Costs:
 
 class Curve:
     """This machine's costs for a target (and draft) context, as auto uses them: measured on first use
-    (about a second; it empties both caches, which `measurements` counts), or adopted from a measurement
-    handed in (the bench's thorough one); auto refines them as rounds run."""
+    (about a second; it empties both caches, which `measurements` counts), kept between processes under
+    `key` (curves.py; None: never kept), or adopted from a measurement handed in (the bench's thorough
+    one); auto refines them as rounds run."""
 
-    def __init__(self, target: Context, draft: Context | None, n_max: int):
-        self.target, self.draft, self.n_max = target, draft, n_max
+    def __init__(self, target: Context, draft: Context | None, n_max: int, key: str | None = None):
+        self.target, self.draft, self.n_max, self.key = target, draft, n_max, key
         self.costs: Costs | None = None
         self.measurements = 0
+        self.source: str | None = None  # "measured" | "cached" | "given": where the costs came from
+        self._kept: Costs | None = None
+
+    def load(self, warn: Callable[[str], None]) -> None:
+        """Read the kept curve now (a damaged one is `warn`ed about with the run's other warnings)."""
+        if self.key is not None and self.costs is None:
+            kept = curves.load(self.key, warn)
+            self._kept = Costs(n_max=self.n_max, **kept) if kept else None
 
     def adopt(self, measured: Costs) -> Costs:
         self.costs = measured.copy(self.n_max)  # auto refines its own copy, sized for its drafts
+        self.source = "given"
         return self.costs
 
     def get(self, tokens: list[int]) -> Costs:
-        if self.costs is None:
+        if self.costs is None and self._kept is not None:
+            self.costs, self.source = self._kept.copy(), "cached"
+        elif self.costs is None:
             self.costs = measure(self.target, self.draft, tokens, self.n_max)
             self.measurements += 1
+            self.source = "measured"
+            if self.key is not None:
+                c = self.costs
+                curves.save(self.key, dict(verify=c.measured, draft=c.draft, plain=c.plain_measured,
+                                           draft_catch_up=c.draft_catch_up))  # fmt: skip
         return self.costs
+
+    def check_drift(self) -> None:
+        """After a run: a kept curve that auto's observations moved far from (plain decoding's cost, the one
+        every round observes, off by more than curves.DRIFT either way) is dropped: measured next time."""
+        if self.source == "cached" and self._kept is not None:
+            ratio = self.costs.plain / self._kept.plain
+            if not 1 / curves.DRIFT <= ratio <= curves.DRIFT:
+                curves.drop(self.key)
+                self._kept = None
 
 
 def _smooth(old: float, new: float) -> float:

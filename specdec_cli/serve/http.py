@@ -166,8 +166,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _generate(self, kind: str, body: object, t0: float) -> None:
         service = self.server.service
-        req = api.parse(kind, body)
-        service.check_model(req.model)
+        req = api.parse(kind, body)  # any `model` is answered by the loaded pair (as llama-server does)
         tokens = service.tokens(req)
         pieces = service.run(req, tokens, self._gone)
         try:

@@ -91,6 +91,9 @@ class Service:
         self._closed = False
 
     def check_model(self, name: str | None) -> None:
+        """GET /v1/models/NAME: only the served names exist. A generation's `model` may name anything (a
+        client configured for another server's model, a batch file written for OpenAI's): the loaded pair
+        answers it, and the response's `model` says which model that is."""
         if name is not None and name not in self.model_ids:
             raise ApiError(
                 404, f"the model {name!r} does not exist: this server serves {', '.join(sorted(self.model_ids))}",

@@ -1,0 +1,105 @@
+"""Auto's cost curve kept between processes, so that a short `generate` does not pay the measurement (about
+three seconds for the default pair on 2 cores) every call.
+
+One JSON file per key in the specdec cache (curves/KEY.json, or $SPECDEC_COST_CURVES/KEY.json). The key is a hash of what the costs depend
+on: the machine, the model files (path, size, modification time: a changed file is a new key), threads,
+exact mode, where the target runs and the llama.cpp build. A file is written atomically (several processes
+at once each replace it whole), is measured again when it is older than MAX_AGE, and is ignored, with a
+warning, when it cannot be read. Auto refines its costs as rounds run: where what it observes drifts
+more than DRIFT from the kept curve, the file goes, and the next run measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..models.store import home
+
+VERSION = 1
+MAX_AGE = 24 * 3600.0  # seconds: a day (a machine's load, clocks and thermal state change slowly)
+DRIFT = 1.5  # observed plain-decoding cost this many times the kept one (or 1/DRIFT of it): measure again
+
+
+def folder() -> Path:
+    """$SPECDEC_COST_CURVES, else the specdec cache's curves/ (SPECDEC_HOME moves both)."""
+    if os.environ.get("SPECDEC_COST_CURVES"):
+        return Path(os.path.expanduser(os.environ["SPECDEC_COST_CURVES"]))
+    return home() / "curves"
+
+
+def key(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def file_identity(path: Path) -> dict[str, Any]:
+    """What says a model file is the same file: its resolved path, size and modification time."""
+    st = os.stat(path)
+    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def load(name: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
+    """The kept measurement (Costs' arguments: verify, draft, plain, draft_catch_up), or None: none kept,
+    too old, or damaged (then `warn` says so, and the next measurement replaces it)."""
+    path = folder() / f"{name}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        costs, saved_at = _costs(data, name)
+    except (FileNotFoundError, NotADirectoryError):  # none kept (or no cache folder can be there)
+        return None
+    except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
+        warn(f"ignored a damaged cost curve in the specdec cache ({path}: {e}); measuring it again")
+        return None
+    age = time.time() - saved_at
+    return costs if 0 <= age <= MAX_AGE else None
+
+
+def save(name: str, measured: dict[str, Any]) -> None:
+    """Keep a fresh measurement (Costs' arguments, as measured: before auto refines it). A cache that cannot
+    be written leaves the run as it is: the next one measures again."""
+    where = folder()
+    path = where / f"{name}.json"
+    tmp = where / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    data = {"version": VERSION, "key": name, "saved_at": time.time(), **measured}
+    data["verify"] = {str(n): s for n, s in measured["verify"].items()}
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        _remove(tmp)
+
+
+def drop(name: str) -> None:
+    _remove(folder() / f"{name}.json")
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # not there, or not ours to remove: nothing to undo
+        pass
+
+
+def _costs(data: Any, name: str) -> tuple[dict[str, Any], float]:
+    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("key") != name:
+        raise ValueError("not a curve of this version and key")
+    verify = {int(n): _seconds(s) for n, s in data["verify"].items()}
+    if not verify or min(verify) < 1:
+        raise ValueError("no verify costs")
+    optional = {k: None if data.get(k) is None else _seconds(data[k]) for k in ("draft", "plain", "draft_catch_up")}
+    saved_at = data["saved_at"]
+    if not isinstance(saved_at, (int, float)) or isinstance(saved_at, bool) or not math.isfinite(saved_at):
+        raise ValueError("saved_at is not a time")
+    return {"verify": verify, **optional}, float(saved_at)
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{value!r} is not a positive number of seconds")
+    return float(value)

@@ -1,0 +1,94 @@
+"""Auto's cost curve kept between processes (drafting/curves.py): a second process reuses it, a damaged file
+is one warning and is replaced, a changed model file or --remeasure measures again, a stale or drifted
+curve is not used."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from specdec_cli.drafting import cost, curves
+
+
+def generate(*args: str) -> tuple[dict, str]:
+    r = subprocess.run(
+        [sys.executable, "-m", "specdec_cli", "generate", "hi", "-n", "4", "-t", "1", "--no-lookup-cache", "--json",
+         *args], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout), r.stderr
+
+
+def pair(models) -> tuple[str, ...]:
+    return ("--target", str(models["target"]), "--draft", str(models["draft"]))
+
+
+def test_a_second_process_reuses_the_curve_and_remeasure_measures_again(models, own_cost_curves):
+    first, _ = generate(*pair(models))
+    assert first["stats"]["cost_curve"] == "measured" and len(list(own_cost_curves.glob("*.json"))) == 1
+    second, _ = generate(*pair(models))
+    assert second["stats"]["cost_curve"] == "cached"
+    assert second["tokens"] == first["tokens"]  # where the costs came from never changes the text
+    again, _ = generate(*pair(models), "--remeasure")
+    assert again["stats"]["cost_curve"] == "measured"
+    plain, _ = generate("--target", str(models["target"]))
+    assert plain["stats"]["cost_curve"] is None  # target-only: no curve is measured, read or written
+
+
+def test_a_damaged_curve_is_one_warning_and_is_replaced(models, own_cost_curves):
+    generate(*pair(models))
+    (kept,) = own_cost_curves.glob("*.json")
+    for damage in (b"garbage", b'{"version": 1}', json.dumps({**json.loads(kept.read_text()), "draft": -1}).encode()):
+        kept.write_bytes(damage)
+        out, err = generate(*pair(models))
+        assert out["stats"]["cost_curve"] == "measured" and err.count("warning: ignored a damaged cost curve") == 1
+        assert json.loads(kept.read_text())["key"] == kept.stem  # the measurement replaced it
+
+
+def test_a_changed_model_file_is_measured_again(models, tmp_path, own_cost_curves):
+    target = tmp_path / "target.gguf"
+    shutil.copy(models["target"], target)
+    args = ("--target", str(target), "--draft", str(models["draft"]))
+    assert generate(*args)[0]["stats"]["cost_curve"] == "measured"
+    assert generate(*args)[0]["stats"]["cost_curve"] == "cached"
+    shutil.copy(models["same"], target)  # another model under the same name
+    assert generate(*args)[0]["stats"]["cost_curve"] == "measured"
+    assert len(list(own_cost_curves.glob("*.json"))) == 2
+
+
+def test_a_curve_older_than_a_day_is_not_used(own_cost_curves):
+    curves.save("k", dict(verify={1: 0.01, 2: 0.012}, draft=0.002, plain=None, draft_catch_up=None))
+    assert curves.load("k", print)["verify"] == {1: 0.01, 2: 0.012}
+    data = json.loads((own_cost_curves / "k.json").read_text())
+    data["saved_at"] = time.time() - curves.MAX_AGE - 60
+    (own_cost_curves / "k.json").write_text(json.dumps(data))
+    assert curves.load("k", print) is None
+
+
+def test_a_kept_curve_that_auto_sees_drift_is_dropped(own_cost_curves):
+    measured = dict(verify={1: 0.01, 4: 0.012, 8: 0.02}, draft=0.002, plain=0.01, draft_catch_up=None)
+    curves.save("k", measured)
+    curve = cost.Curve(None, None, 8, key="k")
+    curve.load(print)
+    costs = curve.get([1, 2])
+    assert curve.source == "cached" and curve.measurements == 0
+    costs.observe_verify(1, 0.012)
+    curve.check_drift()  # a little slower: kept
+    assert (own_cost_curves / "k.json").exists()
+    for _ in range(20):  # the machine got three times slower (another job, a lower clock)
+        costs.observe_verify(1, 0.03)
+    curve.check_drift()
+    assert not (own_cost_curves / "k.json").exists()
+
+
+def test_an_unwritable_cache_leaves_the_run_as_it_is(models, tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("SPECDEC_COST_CURVES", str(blocked / "curves"))
+    out, err = generate(*pair(models))
+    assert out["stats"]["cost_curve"] == "measured" and "Traceback" not in err
+    assert os.path.isfile(blocked)
