@@ -49,6 +49,18 @@ def test_a_damaged_curve_is_one_warning_and_is_replaced(models, own_cost_curves)
         assert json.loads(kept.read_text())["key"] == kept.stem  # the measurement replaced it
 
 
+def test_a_fifo_or_a_huge_file_in_place_of_a_curve_is_a_warning_not_a_hang(models, own_cost_curves):
+    generate(*pair(models))
+    (kept,) = own_cost_curves.glob("*.json")
+    kept.unlink()
+    os.mkfifo(kept)  # a plain read would wait for a writer forever
+    out, err = generate(*pair(models))
+    assert out["stats"]["cost_curve"] == "measured" and "not a regular file" in err and kept.is_file()
+    kept.write_bytes(b" " * (curves.MAX_FILE + 1))
+    out, err = generate(*pair(models))
+    assert out["stats"]["cost_curve"] == "measured" and "larger than a curve" in err
+
+
 def test_a_changed_model_file_is_measured_again(models, tmp_path, own_cost_curves):
     target = tmp_path / "target.gguf"
     shutil.copy(models["target"], target)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,7 @@ from ..models.store import home
 
 VERSION = 1
 MAX_AGE = 24 * 3600.0  # seconds: a day (a machine's load, clocks and thermal state change slowly)
+MAX_FILE = 1 << 16  # bytes: a curve is about 1 KB
 DRIFT = 1.5  # observed plain-decoding cost this many times the kept one (or 1/DRIFT of it): measure again
 
 
@@ -48,7 +50,7 @@ def load(name: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
     too old, or damaged (then `warn` says so, and the next measurement replaces it)."""
     path = folder() / f"{name}.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_read(path).decode("utf-8"))
         costs, saved_at = _costs(data, name)
     except (FileNotFoundError, NotADirectoryError):  # none kept (or no cache folder can be there)
         return None
@@ -57,6 +59,19 @@ def load(name: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
         return None
     age = time.time() - saved_at
     return costs if 0 <= age <= MAX_AGE else None
+
+
+def _read(path: Path) -> bytes:
+    """A kept curve's bytes: a regular file of at most MAX_FILE bytes (a FIFO put there would block a plain
+    read, a huge file fill the memory)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = f.read(MAX_FILE + 1)
+    if len(data) > MAX_FILE:
+        raise ValueError(f"larger than a curve ({MAX_FILE} bytes at most)")
+    return data
 
 
 def save(name: str, measured: dict[str, Any]) -> None:
