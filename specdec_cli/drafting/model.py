@@ -227,12 +227,7 @@ def draft_tree(
                     active.remove(br)
                 else:
                     batch.append((br, t))
-        # FIXED always goes on: the walk up the tree that its argument takes is saved (~3 us a depth).
-        if (
-            policy is not FIXED
-            and 0 in active
-            and not policy.keep_going([tree.confidence[i] for i in tree.path(tree.tips[0])])
-        ):
+        if 0 in active and not policy.keep_going([tree.confidence[i] for i in tree.path(tree.tips[0])]):
             break
         if depth == k - 1 or not batch:
             break
