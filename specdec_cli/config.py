@@ -134,12 +134,13 @@ def run_config(settings: dict[str, Any], *, debug: bool = False, model_file: Cal
     draft = settings.get("draft")
     fields["drafter"] = drafter = settings.get("drafter") or default_drafter(bool(draft))
     fields["draft"] = model_file(draft) if draft and drafter in ("model", "auto") else None
-    try:
-        k = parse_draft_tokens(settings.get("draft_tokens"))
-    except ValueError as e:
-        raise UsageError(f"-k/--draft-tokens {e}") from None
-    unset = settings.get("draft_tokens") is None
-    fields["draft_tokens"] = (None if drafter in ("auto", "lookup") else DRAFT_TOKENS) if unset else k
+    if settings.get("draft_tokens") is None:
+        fields["draft_tokens"] = None if drafter in ("auto", "lookup") else DRAFT_TOKENS
+    else:
+        try:
+            fields["draft_tokens"] = parse_draft_tokens(settings["draft_tokens"])
+        except ValueError as e:
+            raise UsageError(f"-k/--draft-tokens {e}") from None
     fields["threads"] = settings.get("threads") or default_threads()
     try:
         return RunConfig(**fields, debug=debug)

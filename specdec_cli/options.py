@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -111,10 +111,10 @@ class Option:
         )  # fmt: skip
 
 
-def option(*flags: str, type: Any, help: str, default: Any = None, default_factory: Any = None, **rest: Any) -> Any:
-    """A RunConfig field declared with its Option (`rest`: Option's other fields)."""
+def option(*flags: str, type: Any, help: str, default: Any = None, default_factory: Any = MISSING, **rest: Any) -> Any:
+    """A RunConfig field declared with its Option (`rest`: Option's other fields); default=MISSING: required."""
     meta = {"option": Option(flags, type, help, **rest)}
-    if default_factory is not None:
+    if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
 
@@ -133,10 +133,13 @@ class RunConfig:
     """Everything a run needs, resolved (config.run_config) and validated here, on every construction and
     every `override`."""
 
-    target: Path = field(metadata={"option": Option(
-        ("--target",), str, "Target GGUF (a path or a known model name): the model whose output you get.",
+    target: Path = option(
+        "--target",
+        type=str,
+        default=MISSING,
+        help="Target GGUF (a path or a known model name): the model whose output you get.",
         config=(str,),
-    )})  # fmt: skip
+    )
     draft: Path | None = option(
         "--draft", type=str, help="Draft GGUF: a small model with the same tokenizer.", config=(str,)
     )
