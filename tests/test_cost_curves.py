@@ -42,7 +42,14 @@ def test_a_second_process_reuses_the_curve_and_remeasure_measures_again(models, 
 def test_a_damaged_curve_is_one_warning_and_is_replaced(models, own_cost_curves):
     generate(*pair(models))
     (kept,) = own_cost_curves.glob("*.json")
-    for damage in (b"garbage", b'{"version": 1}', json.dumps({**json.loads(kept.read_text()), "draft": -1}).encode()):
+    good = json.loads(kept.read_text())
+    absurd = {**good, "verify": {"1": 1e308, "99999999999": 1e-300}}  # would overflow the cost model's arithmetic
+    for damage in (
+        b"garbage",
+        b'{"version": 1}',
+        json.dumps({**good, "draft": -1}).encode(),
+        json.dumps(absurd).encode(),
+    ):
         kept.write_bytes(damage)
         out, err = generate(*pair(models))
         assert out["stats"]["cost_curve"] == "measured" and err.count("warning: ignored a damaged cost curve") == 1
@@ -59,6 +66,10 @@ def test_a_fifo_or_a_huge_file_in_place_of_a_curve_is_a_warning_not_a_hang(model
     kept.write_bytes(b" " * (curves.MAX_FILE + 1))
     out, err = generate(*pair(models))
     assert out["stats"]["cost_curve"] == "measured" and "larger than a curve" in err
+    kept.unlink()
+    kept.mkdir()  # a folder in its place: read as "not a regular file", and the run goes on (nothing kept)
+    out, err = generate(*pair(models))
+    assert out["stats"]["cost_curve"] == "measured" and "not a regular file" in err and kept.is_dir()
 
 
 def test_a_changed_model_file_is_measured_again(models, tmp_path, own_cost_curves):

@@ -25,6 +25,8 @@ from ..models.store import home
 VERSION = 1
 MAX_AGE = 24 * 3600.0  # seconds: a day (a machine's load, clocks and thermal state change slowly)
 MAX_FILE = 1 << 16  # bytes: a curve is about 1 KB
+MAX_BATCH = 1024  # the largest batch a kept curve may time (auto's is 32, the bench's 64)
+MIN_SECONDS, MAX_SECONDS = 1e-7, 3600.0  # a decode time outside these is no measurement of ours
 DRIFT = 1.5  # observed plain-decoding cost this many times the kept one (or 1/DRIFT of it): measure again
 
 
@@ -65,9 +67,10 @@ def _read(path: Path) -> bytes:
     """A kept curve's bytes: a regular file of at most MAX_FILE bytes (a FIFO put there would block a plain
     read, a huge file fill the memory)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("not a regular file")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
         data = f.read(MAX_FILE + 1)
     if len(data) > MAX_FILE:
         raise ValueError(f"larger than a curve ({MAX_FILE} bytes at most)")
@@ -105,8 +108,8 @@ def _costs(data: Any, name: str) -> tuple[dict[str, Any], float]:
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("key") != name:
         raise ValueError("not a curve of this version and key")
     verify = {int(n): _seconds(s) for n, s in data["verify"].items()}
-    if not verify or min(verify) < 1:
-        raise ValueError("no verify costs")
+    if not verify or not all(1 <= n <= MAX_BATCH for n in verify):
+        raise ValueError(f"verify costs must be for batches of 1..{MAX_BATCH} tokens")
     optional = {k: None if data.get(k) is None else _seconds(data[k]) for k in ("draft", "plain", "draft_catch_up")}
     saved_at = data["saved_at"]
     if not isinstance(saved_at, (int, float)) or isinstance(saved_at, bool) or not math.isfinite(saved_at):
@@ -115,6 +118,7 @@ def _costs(data: Any, name: str) -> tuple[dict[str, Any], float]:
 
 
 def _seconds(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{value!r} is not a positive number of seconds")
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and MIN_SECONDS <= value <= MAX_SECONDS
+    if not ok:  # (NaN fails both comparisons)
+        raise ValueError(f"{value!r} is not a decode time in seconds ({MIN_SECONDS:g}..{MAX_SECONDS:g})")
     return float(value)
