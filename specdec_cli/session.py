@@ -16,6 +16,7 @@ from .backend.context import Context
 from .backend.native import Model
 from .drafting import cache as lookup_cache
 from .drafting import cost, curves
+from .drafting.auto import model_may_pay
 from .drafting.corpus import Corpus
 from .engine import kv
 from .engine.events import Event
@@ -92,9 +93,11 @@ def _seqs(model: Model, role: str) -> int:
 class Session:
     """A loaded target (and draft). Use `open_session`; it frees contexts before models."""
 
-    def __init__(self, cfg: RunConfig, stack: ExitStack, max_draft: int | None = None):
+    def __init__(self, cfg: RunConfig, stack: ExitStack, max_draft: int | None = None, skip_idle_draft: bool = False):
         """max_draft: the longest draft a run may send (default: -k, else auto's longest): a recurrent
-        target keeps a snapshot of its state per draft token."""
+        target keeps a snapshot of its state per draft token. skip_idle_draft: a run whose drafter cannot
+        change (generate's; not a server's, whose requests may ask for the draft model) does not load a
+        draft that auto's kept cost curve says can never pay (`draft_idle`)."""
         self.cfg = cfg
         t0 = time.perf_counter()
         # --rpc: the target's layers on the servers (and any local GPU, as llama.cpp would); the draft
@@ -107,7 +110,13 @@ class Session:
         self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, devices=target_devices))
         self.warnings: list[str] = []  # for the command to show, once
         self.drafter = self._speculation(cfg)  # the drafter, "none" where the target cannot roll back
-        draft = cfg.draft and self.drafter != "none"
+        key = self._curve_key(cfg)
+        kept = curves.load(key, self.warnings.append) if self.drafter != "none" and not cfg.remeasure else None
+        # auto's kept curve may say that auto would never start drafting with the draft model on this machine
+        # (a compute-bound CPU): then a caller that asks is spared loading it.
+        self.draft_idle = bool(skip_idle_draft and cfg.draft and self.drafter == "auto" and kept
+                               and not model_may_pay(cost.Costs(n_max=AUTO_K_MAX + 1, **kept)))  # fmt: skip
+        draft = cfg.draft and self.drafter != "none" and not self.draft_idle
         self.draft = stack.enter_context(Model(cfg.draft, devices=local)) if draft else None
         self._corpus: Corpus | None = None
         if self.draft is not None:
@@ -139,9 +148,7 @@ class Session:
             stack.enter_context(Context(self.draft, n_ctx=draft_n_ctx, n_seq=seqs[self.draft], **ctx))
             if self.draft else None
         )  # fmt: skip
-        self.curve = cost.Curve(self.target_ctx, self.draft_ctx, AUTO_K_MAX + 1, key=self._curve_key(cfg))
-        if self.drafter != "none" and not cfg.remeasure:
-            self.curve.load(self.warnings.append)  # kept by an earlier process (drafting/curves.py)
+        self.curve = cost.Curve(self.target_ctx, self.draft_ctx, AUTO_K_MAX + 1, key=key, kept=kept)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
         if servers:
             rpc.watch_connections()  # a server machine that vanishes ends the run instead of hanging it
@@ -155,7 +162,8 @@ class Session:
 
     def _curve_key(self, cfg: RunConfig) -> str:
         """What the cost curve depends on: this machine, the model files, threads, kernels, placement, build."""
-        models = [curves.file_identity(m.path) for m in (self.target, self.draft) if m is not None]
+        paths = [cfg.target] + ([cfg.draft] if cfg.draft and self.drafter != "none" else [])
+        models = [curves.file_identity(path) for path in paths]  # the draft's even where it is not loaded
         return curves.key(
             {"host": platform.node(), "cpu": cpu.features(), "models": models, "threads": cfg.threads,
              "exact": cfg.exact, "where": self.where, "llama_cpp": llama_cpp.__version__, "n_max": AUTO_K_MAX + 1}
@@ -313,14 +321,15 @@ class Session:
 class open_session:
     """Context manager: `with open_session(cfg) as s: ...`; frees everything on the way out."""
 
-    def __init__(self, cfg: RunConfig, max_draft: int | None = None):
+    def __init__(self, cfg: RunConfig, max_draft: int | None = None, skip_idle_draft: bool = False):
         self.cfg = cfg
         self.max_draft = max_draft
+        self.skip_idle_draft = skip_idle_draft
         self._stack = ExitStack()
 
     def __enter__(self) -> Session:
         try:
-            return Session(self.cfg, self._stack, self.max_draft)
+            return Session(self.cfg, self._stack, self.max_draft, self.skip_idle_draft)
         except BaseException:
             self._stack.close()
             raise

@@ -314,6 +314,7 @@ def test_bad_requests_get_an_error_object_and_the_server_goes_on(smol_server):
         ),  # fmt: skip
         (s.post(chat, {**good, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "tools"),
         (s.post(chat, {**good, "response_format": {"type": "json_object"}}), 400, "response_format"),
+        (s.post(chat, {**good, "temprature": 0.5}), 400, "temprature"),  # a typo is not silently the default
     ]
     for (status, _, body), want, param in cases:
         body = (

@@ -13,7 +13,7 @@ from ..engine.events import Notice, Stopped, Token
 from ..engine.stats import Result, collect
 from ..errors import UsageError
 from ..session import Session, open_session
-from .common import CONFIG, PAIR, run_config, settings
+from .common import CONFIG, PAIR, run_config, settings, start
 
 
 @options.with_options(*options.BY_KEY)  # every run option
@@ -31,10 +31,8 @@ def generate(
     merged = settings(given, pair, config_path)
     prompt_text = _read_prompt(prompt)
     cfg = run_config(merged, debug=debug)
-    with open_session(cfg) as session:
-        session.lookup_corpus()  # read the lookup cache now: a damaged file's warning comes with the others
-        for message in session.warnings:
-            ui.warning(message)
+    with open_session(cfg, skip_idle_draft=True) as session:  # its drafter cannot change: an idle draft is not loaded
+        start(session)
         tokens = session.prompt_tokens(prompt_text)
         live = not json_out and ui.live_terminal()
         stream = None if json_out else ui.TokenStream(live)
@@ -61,6 +59,7 @@ def _json(session: Session, result: Result, pair: str | None) -> dict:
         "pair": pair,
         "chat": session.uses_chat,
         "target_on": session.where,
+        "draft_loaded": session.draft is not None,  # false where auto's kept curve says the draft cannot pay
     }
     # cost_curve: where auto's costs came from, "measured" now or "cached" by an earlier run (None: unused)
     stats = {

@@ -12,6 +12,7 @@ import typer
 
 from .. import __version__, signals, ui
 from ..errors import SpecdecError, UsageError
+from .batch import batch
 from .bench import bench
 from .cache import app as cache_app
 from .generate import generate
@@ -30,6 +31,7 @@ app = typer.Typer(
 app.add_typer(models_app, name="models")
 app.add_typer(cache_app, name="cache")
 app.command()(bench)
+app.command()(batch)
 app.command("rpc-server")(rpc_server)
 app.command()(serve)
 app.command()(generate)

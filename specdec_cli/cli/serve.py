@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 
 from .. import options, signals, ui
-from .common import CONFIG, PAIR, run_config, settings
+from .common import CONFIG, PAIR, model_names, run_config, settings, start
 from ..errors import SpecdecError, UsageError
 from ..serve.http import Server
 from ..serve.service import Service
@@ -57,12 +57,8 @@ def serve(
                            hint="another server may hold the port: pick another with --port") from None  # fmt: skip
     try:
         with open_session(cfg) as session:
-            session.lookup_corpus()
-            for message in session.warnings:
-                ui.warning(message)
-            if session.drafter != "none":  # auto's cost curve, measured now rather than in the first request
-                session.costs(session.target.tokenize("Hello, world.", special=True))
-            server.service = Service(session, *_model_names(merged, cfg), queue)
+            start(session, costs=True)
+            server.service = Service(session, *model_names(merged, cfg), queue)
             _serve(server, host, api_key is not None, cfg)
     finally:
         server.close()
@@ -111,11 +107,3 @@ def _address(host: str) -> str:
             f"--host must be an IP address (got {host!r})",
             hint="e.g. --host 127.0.0.1 (this machine only) or --host 0.0.0.0 (every interface)",
         ) from None
-
-
-def _model_names(settings: dict, cfg) -> tuple[str, set[str]]:
-    """The id /v1/models shows (the target as it was named: a known model's name, else the file's stem),
-    and every name a request's `model` may use: that, the file's stem, the pair's name."""
-    ref, stem = str(settings["target"]), Path(cfg.target).stem
-    primary = stem if os.sep in ref or ref.endswith(".gguf") else ref
-    return primary, {primary, stem} | ({settings["pair"]} if settings.get("pair") else set())

@@ -19,7 +19,7 @@ import numpy as np
 from ..engine.drafter import EMPTY, Draft, Drafter, Outcome
 from ..engine.sampling import Sampler
 from ..engine.shapes import CHAIN, Tree
-from .cost import Costs, best_length, best_tree, expected_tokens, rate
+from .cost import Costs, best_length, best_tree, draft_can_pay, expected_tokens, rate
 from .lookup import Candidate, LookupDrafter
 from .model import DraftPolicy, ModelDrafter
 
@@ -84,6 +84,13 @@ class Rate:
     def observe(self, accepted: bool) -> None:
         self.hits += accepted
         self.total += 1
+
+
+def model_may_pay(costs: Costs) -> bool:
+    """Whether auto would ever start drafting with the draft model on this curve: at the acceptance it opens
+    with (its optimistic prior, about 0.96 a token; it learns the model's acceptance only from model rounds).
+    Where not, a run that cannot change its drafter need not load the draft at all."""
+    return draft_can_pay(costs, Rate().upper)
 
 
 class AutoDrafter(Drafter):

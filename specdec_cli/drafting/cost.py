@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
 from typing import Sequence as Seq
 
 import numpy as np
@@ -120,18 +119,14 @@ class Curve:
     `key` (curves.py; None: never kept), or adopted from a measurement handed in (the bench's thorough
     one); auto refines them as rounds run."""
 
-    def __init__(self, target: Context, draft: Context | None, n_max: int, key: str | None = None):
+    def __init__(self, target: Context, draft: Context | None, n_max: int, key: str | None = None,
+                 kept: dict | None = None):  # fmt: skip
+        """kept: what curves.load read under `key` (an earlier process's measurement), or None."""
         self.target, self.draft, self.n_max, self.key = target, draft, n_max, key
         self.costs: Costs | None = None
         self.measurements = 0
         self.source: str | None = None  # "measured" | "cached" | "given": where the costs came from
-        self._kept: Costs | None = None
-
-    def load(self, warn: Callable[[str], None]) -> None:
-        """Read the kept curve now (a damaged one is `warn`ed about with the run's other warnings)."""
-        if self.key is not None and self.costs is None:
-            kept = curves.load(self.key, warn)
-            self._kept = Costs(n_max=self.n_max, **kept) if kept else None
+        self._kept = Costs(n_max=n_max, **kept) if kept else None
 
     def adopt(self, measured: Costs) -> Costs:
         self.costs = measured.copy(self.n_max)  # auto refines its own copy, sized for its drafts
@@ -159,6 +154,16 @@ class Curve:
             if not 1 / curves.DRIFT <= ratio <= curves.DRIFT:
                 curves.drop(self.key)
                 self._kept = None
+
+
+def draft_can_pay(costs: Costs, accept: float) -> bool:
+    """Whether a draft model whose every token is accepted with probability `accept` beats plain decoding on
+    this curve at any draft length (its catch-up decodes left out: the most it could do). A draft cost not
+    measured is given the benefit of the doubt."""
+    if costs.draft is None:
+        return True
+    k_max = len(costs.table) - 1
+    return best_length([accept] * k_max, costs, costs.drafting(k_max, 0.0))[0] > 0
 
 
 def _smooth(old: float, new: float) -> float:

@@ -8,6 +8,7 @@ are checked by the run options' own rules (options.OPTIONS), named by the API's 
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from .. import options
 from ..engine.stats import Stats
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}  # what generates (serve and batch)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # API field -> run option, for the fields that set one (the extra body fields keep specdec's names).
 SETTINGS = {
@@ -37,6 +39,7 @@ UNSUPPORTED = {  # field: the value we can honour (anything else is refused)
     "logprobs": False,
     "echo": False,
     "best_of": 1,
+    "modalities": ["text"],
 }
 
 
@@ -48,6 +51,20 @@ NOT_DONE = {  # fields whose request would change the answer's form, which we ca
     "logit_bias": "logit biases",
     "response_format": 'structured output (only {"type": "text"})',
     "suffix": "insertion (suffix)",
+    "audio": "audio output",
+    "prediction": "predicted outputs",
+    "web_search_options": "web search",
+    "top_logprobs": "log probabilities",
+}
+# OpenAI's fields that change nothing here (who asks, what the service stores or bills): accepted, ignored.
+IGNORED = {"model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+           "parallel_tool_calls", "reasoning_effort", "verbosity"}  # fmt: skip
+# Every field a body may have; any other is refused as OpenAI refuses it (a typo such as `temprature`
+# would otherwise run with the default, unnoticed).
+READ = {"stream", "stream_options", "stop", "exact", "cache_prompt"}
+FIELDS = {
+    kind: {prompt, *READ, *SETTINGS, *UNSUPPORTED, *NOT_DONE, *IGNORED}
+    for kind, prompt in (("chat", "messages"), ("completion", "prompt"))
 }
 
 
@@ -77,7 +94,10 @@ class Request:
     stop: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)  # run option -> value
     exact: bool | None = None
-    cache_prompt: bool = True  # llama-server's name: start from what the caches hold of this prompt
+    cache_prompt: bool | None = None  # llama-server's name: start from what the caches hold of this prompt (None:
+    # not said; serve does, a batch does not: its answers do not then depend on the request before them)
+    template: bool | None = False  # a completion's prompt as it is; None: as `generate` reads it (a batch's
+    # hand-written {"prompt"} line): in the chat template where the target has one and --chat says so
 
     @property
     def instruction(self) -> str:
@@ -86,9 +106,22 @@ class Request:
         return users[-1] if users else self.prompt
 
 
+def decode(raw: bytes | str) -> Any:
+    """A request's JSON: an HTTP body (serve), a line of a batch file (batch)."""
+    try:
+        return json.loads(raw)
+    except ValueError as e:  # not JSON, not UTF-8/16/32, or a number past Python's 4,300-digit limit
+        raise ApiError(400, f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "the body is nested too deeply") from None
+
+
 def parse(kind: str, body: Any) -> Request:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS[kind], key=str)
+    if unknown:
+        raise ApiError(400, f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
     model = _typed(body, "model", str)
     req = Request(kind, model)
     if kind == "chat":
@@ -119,7 +152,7 @@ def parse(kind: str, body: Any) -> Request:
             value = _number(value, name, integer=options.BY_KEY[key].type is int)
         req.settings[key] = value
     req.exact = _typed(body, "exact", bool)
-    req.cache_prompt = _typed(body, "cache_prompt", bool) is not False
+    req.cache_prompt = _typed(body, "cache_prompt", bool)
     return req
 
 

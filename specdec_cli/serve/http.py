@@ -21,13 +21,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .. import __version__, ui
 from . import api
-from .service import Finished, Service
+from .service import Finished, Service, whole
 
 MAX_BODY = 8 * 2**20  # bytes; a prompt that fits any context we allow is far smaller
 IDLE_SECONDS = 30.0  # a connection that sends nothing for this long is closed (and a slow sender's read fails)
 ROUTES = {
-    ("POST", "/v1/chat/completions"): "chat",
-    ("POST", "/v1/completions"): "completion",
+    **{("POST", path): kind for path, kind in api.ENDPOINTS.items()},
     ("GET", "/v1/models"): "models",
     ("GET", "/health"): "health",
 }
@@ -154,12 +153,7 @@ class Handler(BaseHTTPRequestHandler):
             raise api.ApiError(413, f"the request body has {n:,} bytes; the limit is {MAX_BODY:,}")
         raw = self.rfile.read(n)
         self._body_read = True
-        try:
-            return json.loads(raw)
-        except ValueError as e:  # not JSON, not UTF-8/16/32, or a number past Python's 4,300-digit limit
-            raise api.ApiError(400, f"the body is not valid JSON: {e}") from None
-        except RecursionError:
-            raise api.ApiError(400, "the body is nested too deeply") from None
+        return api.decode(raw)
 
     def _model_card(self) -> dict:
         return {"id": self.server.service.model, "object": "model", "created": 0, "owned_by": "specdec"}
@@ -179,16 +173,11 @@ class Handler(BaseHTTPRequestHandler):
             if req.stream:
                 self._stream(req, rid, model, first, pieces)
                 return
-            text, finished = [], None
-            for item in itertools.chain([first], pieces):
-                if isinstance(item, Finished):
-                    finished = item
-                else:
-                    text.append(item)
+            text, finished = whole(itertools.chain([first], pieces))
             if finished is None:  # the client left
                 self.close_connection = True
                 return
-            self._send_json(200, api.completion(req, rid, model, "".join(text), finished.reason, finished.stats,
+            self._send_json(200, api.completion(req, rid, model, text, finished.reason, finished.stats,
                                                 finished.cached))  # fmt: skip
             self._log(req, finished, time.perf_counter() - t0)
         finally:

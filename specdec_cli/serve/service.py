@@ -8,7 +8,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from .. import ui
 from ..engine.events import Round, Stopped, Token
@@ -17,7 +17,7 @@ from ..errors import SpecdecError, UsageError
 from ..options import OptionError
 from ..session import PromptTooLong, Session
 from ..signals import INTERRUPTS
-from .api import ApiError, Request, StopText, api_name, finish_reason
+from .api import ApiError, Request, StopText, api_name, completion, finish_reason, new_id
 
 
 def shutting_down(detail: str = "") -> ApiError:
@@ -31,6 +31,17 @@ class Finished:
     stats: Stats
     cached: int
     reason: str
+
+
+def whole(items: Iterable[str | Finished]) -> tuple[str, Finished | None]:
+    """A generation's text pieces joined, and its end (None: it stopped first, its client gone)."""
+    text, finished = [], None
+    for item in items:
+        if isinstance(item, Finished):
+            finished = item
+        else:
+            text.append(item)
+    return "".join(text), finished
 
 
 class Gate:
@@ -112,7 +123,7 @@ class Service:
                 if s.cfg.system and not any(role == "system" for role, _ in messages):
                     messages = [("system", s.cfg.system)] + messages
                 return s.prompt_tokens(messages=messages)
-            return s.prompt_tokens(req.prompt, chat=False)
+            return s.prompt_tokens(req.prompt, chat=req.template)
         except UsageError as e:
             raise ApiError(400, e.message, param="messages" if req.kind == "chat" else "prompt",
                            code="context_length_exceeded" if isinstance(e, PromptTooLong) else None) from None  # fmt: skip
@@ -156,6 +167,12 @@ class Service:
                 job.cancel.set()
                 job.done.wait()  # the gate opens only once the engine has let go of the caches
 
+    def answer(self, req: Request) -> dict:
+        """The whole response `run` would give, generated on the calling thread, with no queue (a batch)."""
+        tokens, changes = self.tokens(req), self.overrides(req)
+        text, finished = whole(self._generate(req, tokens, changes, lambda: False))
+        return completion(req, new_id(req.kind), self.model, text, finished.reason, finished.stats, finished.cached)
+
     def work(self, stop: threading.Event) -> None:
         """Run the generations, one at a time, on the calling thread until `stop` (the main thread:
         llama.cpp's OpenMP threads belong to the thread that calls it, and a second team, made by a
@@ -189,7 +206,9 @@ class Service:
                 self._jobs.put(job)
 
     def _generate(self, req: Request, tokens: list[int], changes: dict, stop: Callable[[], bool]):
-        events = self.session.generate(tokens, instruction=req.instruction, reuse=req.cache_prompt, **changes)
+        events = self.session.generate(
+            tokens, instruction=req.instruction, reuse=req.cache_prompt is not False, **changes
+        )
         fold, cut = Fold(), StopText(req.stop)
         try:
             for event in events:

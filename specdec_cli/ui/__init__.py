@@ -9,13 +9,11 @@ import json
 import os
 import sys
 
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Console
 from rich.panel import Panel
 from rich.progress import (
     BarColumn,
     DownloadColumn,
-    MofNCompleteColumn,
     Progress,
     TextColumn,
     TimeRemainingColumn,
@@ -24,8 +22,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .engine.events import Origin, Token
-from .engine.stats import Stats
+from ..engine.events import Origin, Token
+from ..engine.stats import Stats
 
 STYLES = {
     Origin.DRAFT: "green",
@@ -153,19 +151,7 @@ def _drafter_rows(stats: Stats) -> list[tuple[str, str]]:
 
 
 def show_stats(stats: Stats, title: str, live: bool) -> None:
-    rows = stat_rows(stats)
-    if live:
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold")
-        table.add_column()
-        for name, value in rows:
-            table.add_row(name, value)
-        _err.print(Panel(table, title=title, title_align="left", expand=False))
-    else:
-        width = max(len(name) for name, _ in rows)
-        print(f"-- {title}", file=sys.stderr)
-        for name, value in rows:
-            print(f"{name:<{width}}  {value}", file=sys.stderr)
+    panel(stat_rows(stats), title, live)
 
 
 def print_json(obj: dict) -> None:
@@ -222,149 +208,6 @@ def key_values(title: str, rows: list[tuple[str, str]]) -> None:
         print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
 
 
-# --- bench -----------------------------------------------------------------------------------------
-def _bench_table(rows: list[dict], title: str | None = None) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col, justify in [("drafter", "left"), ("k", "right"), ("b", "right"), ("temp", "right"), ("tok/s", "right"),
-                         ("speedup", "right"), ("predicted", "right"), ("accept", "right"), ("mean acc", "right"),
-                         ("per position", "left"), ("draft", "right"), ("verify", "right"), ("identical", "right")]:  # fmt: skip
-        table.add_column(col, justify=justify)
-    if any(r.get("speedup_vs_fast") is not None for r in rows):
-        table.add_column("vs fast", justify="right")  # an exact row against the fast target-only
-    for r in rows:
-        if r["category"] != "all":
-            continue
-        speed = Text(
-            f"{r['speedup']:.2f}x",
-            style="bold green" if r["speedup"] >= 1.03 else ("" if r["drafter"] == "none" else "red"),
-        )
-        pred = (
-            "-"
-            if r["predicted_speedup"] is None
-            else f"{r['predicted_speedup']:.2f}x" + (" !" if r["model_gap"] else "")
-        )
-        ident = "-" if r["identical_to_baseline"] is None else f"{r['identical_to_baseline']:.0%}"
-        table.add_row(
-            r["drafter"] + (" (exact)" if r.get("exact") else ""), str(r["draft_tokens"] or "-"), str(r.get("branches", 1)), f"{r['temp']:g}", f"{r['tokens_per_second']:.1f}", speed, pred,
-            f"{r['accept_rate']:.0%}" if r["drafter"] != "none" else "-", f"{r['mean_accepted']:.2f}",
-            " ".join(f"{x:.0%}" for x in r["per_position_accept"]) or "-",
-            f"{r['draft_share']:.0%}", f"{r['verify_share']:.0%}", ident,
-            *([] if len(table.columns) == 13 else ["-" if r.get("speedup_vs_fast") is None else f"{r['speedup_vs_fast']:.2f}x"]),
-        )  # fmt: skip
-    return table
-
-
-class BenchView:
-    """While a bench runs: a progress bar with ETA and the table filling in, on stderr."""
-
-    def __init__(self, total: int):
-        self.rows: list[dict] = []
-        self.live_mode = _err.is_terminal
-        self._progress = Progress(
-            TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("generations"),
-            TimeRemainingColumn(), console=_err,
-        )  # fmt: skip
-        self._task = self._progress.add_task("bench", total=total)
-        self._live = Live(console=_err, refresh_per_second=4, transient=True) if self.live_mode else None
-
-    def __enter__(self) -> BenchView:
-        if self._live:
-            self._live.update(self._render())
-            self._live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live:
-            self._live.stop()
-
-    def _render(self):
-        return Group(self._progress.get_renderable(), _bench_table(self.rows))
-
-    def tick(self) -> None:
-        self._progress.advance(self._task)
-        if self._live:
-            self._live.update(self._render())
-
-    def add(self, rows: list[dict]) -> None:
-        self.rows += rows
-        if self._live:
-            self._live.update(self._render())
-        else:
-            r = rows[0]
-            done = self._progress.tasks[0]
-            print(f"[{int(done.completed)}/{int(done.total)}] {_label(r)} temp={r['temp']:g}: "
-                  f"{r['tokens_per_second']:.1f} tok/s, {r['speedup']:.2f}x", file=sys.stderr)  # fmt: skip
-
-
-def show_bench(
-    rows: list[dict], curve_dict: dict, recommendation: str, header: str, exact_curve: dict | None = None
-) -> None:
-    # The tables are wide: keep them whole in a file or a pipe rather than folding them to 80 columns.
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
-    out.print(header)
-    rel = curve_dict["target_relative"]
-    c = curve_dict["c"]
-    out.print(
-        "cost curve: one target decode of n tokens costs, relative to n = 1 "
-        f"({curve_dict['plain_seconds_per_token'] * 1000:.1f} ms, plain decoding):"
-    )
-    out.print("  " + "  ".join(f"{n}:{v:.2f}" for n, v in rel.items()))
-    if exact_curve:
-        out.print(f"  exact mode ({exact_curve['plain_seconds_per_token'] * 1000:.1f} ms, plain decoding):")
-        out.print("  " + "  ".join(f"{n}:{v:.2f}" for n, v in exact_curve["target_relative"].items()))
-    if c is not None:
-        out.print(
-            f"  draft: {curve_dict['draft_seconds_per_token'] * 1000:.1f} ms per token, c = t_draft / t_target(1) = {c:.2f}"
-        )
-    out.print(_bench_table(rows))
-    categories = sorted({r["category"] for r in rows} - {"all"})
-    if len(categories) > 1:
-        table = Table(title="speed-up by category", title_justify="left")
-        table.add_column("configuration")
-        for cat in categories:
-            table.add_column(cat, justify="right")
-        configs = []
-        for r in rows:
-            key = (_label(r), r["temp"])
-            if key not in configs:
-                configs.append(key)
-        for key in configs:
-            cells = {r["category"]: r["speedup"] for r in rows if (_label(r), r["temp"]) == key}
-            table.add_row(f"{key[0]} temp {key[1]:g}", *(f"{cells[c]:.2f}x" if c in cells else "-" for c in categories))
-        out.print(table)
-    out.print(_chart(rows))
-    gaps = [r for r in rows if r["category"] == "all" and r["model_gap"]]
-    for r in gaps:
-        out.print(
-            f"note: {_label(r)} temp {r['temp']:g}: measured {r['speedup']:.2f}x but the cost "
-            f"model predicts {r['predicted_speedup']:.2f}x (more than 10% apart: the machine was busy, acceptance "
-            "is far from independent per token, or fixed per-round costs dominate, as with tiny models)",
-            style="yellow",
-        )
-    out.print(Text(recommendation, style="bold"))
-
-
-def _chart(rows: list[dict]) -> Text:
-    """Speed-up against draft length, one block per temperature; '|' marks target-only (1.0x)."""
-    width = 40
-    pts = [r for r in rows if r["category"] == "all" and r["drafter"] != "none"]
-    text = Text("speed-up vs draft length (| = target-only)\n")
-    if not pts:
-        return text
-    top = max(1.2, max(r["speedup"] for r in pts))
-    one = round(width / top)
-    for temp in sorted({r["temp"] for r in pts}):
-        text.append(f"temp {temp:g}\n")
-        order = lambda r: (r.get("exact", False), r["drafter"], str(r["draft_tokens"]).zfill(4), r.get("branches", 1))  # noqa: E731
-        for r in sorted((r for r in pts if r["temp"] == temp), key=order):
-            n = round(width * r["speedup"] / top)
-            bar = "".join("|" if i == one - 1 and i >= n else ("█" if i < n else " ") for i in range(width))
-            text.append(f"  {_label(r, k_for_auto=True):<26}")
-            text.append(bar, style="green" if r["speedup"] >= 1.0 else "red")
-            text.append(f" {r['speedup']:.2f}x\n")
-    return text
-
-
 def label(
     drafter: str, draft_tokens: int | str | None, branches: int = 1, k_for_auto: bool = False, exact: bool = False
 ) -> str:
@@ -375,6 +218,23 @@ def label(
     return out + (f" b={branches}" if branches > 1 else "") + (" (exact)" if exact else "")
 
 
-def _label(r: dict, k_for_auto: bool = False) -> str:
-    """A bench row's configuration in words (the JSON rows of older runs have no "branches" or "exact")."""
-    return label(r["drafter"], r["draft_tokens"], r.get("branches", 1), k_for_auto, r.get("exact", False))
+def panel(rows: list[tuple[str, str]], title: str, live: bool) -> None:
+    """Name-value rows on stderr: a panel at a terminal, aligned plain lines otherwise (a log, a pipe)."""
+    if live:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        for name, value in rows:
+            table.add_row(name, value)
+        _err.print(Panel(table, title=title, title_align="left", expand=False))
+    else:
+        width = max(len(name) for name, _ in rows)
+        print(f"-- {title}", file=sys.stderr)
+        for name, value in rows:
+            print(f"{name:<{width}}  {value}", file=sys.stderr)
+
+
+from .batch import BatchView, batch_summary  # noqa: E402  (their own modules: they use the helpers above)
+from .bench import BenchView, show_bench  # noqa: E402
+
+__all__ = ["BatchView", "BenchView", "batch_summary", "show_bench"]
