@@ -309,8 +309,13 @@ class Session:
     def remember(self, answer: list[int]) -> None:
         """Keep an answer in the lookup cache for later runs (with the cache on, and lookup in use)."""
         if self.cfg.lookup_cache and self.drafter in ("auto", "lookup"):
-            lookup_cache.save(self.vocab_key, answer)
-            self._corpus = None  # a later run of this session (a server's next request) drafts from it too
+            kept = lookup_cache.save(self.vocab_key, answer)
+            # A later run of this session (a server's or a batch's next request) drafts from it too: added to
+            # the loaded index, or (past the cache's bound, where the disk evicts old answers) read again.
+            if self._corpus is not None and kept is not None and len(self._corpus) < lookup_cache.MAX_BYTES // 4:
+                self._corpus.add(answer)
+            elif kept is not None:
+                self._corpus = None
 
     def costs(self, tokens: list[int], measured: cost.Costs | None = None) -> cost.Costs:
         """This machine's costs, measured on first use (about a second; it empties both caches) unless a

@@ -174,3 +174,17 @@ def test_clear_removes_only_what_the_cache_wrote(own_lookup_cache, monkeypatch, 
     assert lookup_cache.clear()[0] == 1
     assert (mine / "notes.txt").read_text() == "keep me" and (mine / "src" / "main.py").exists()
     assert not (mine / KEY).exists() and lookup_cache.usage() == (0, 0)
+
+
+def test_adding_answers_to_a_corpus_indexes_it_as_building_it_with_them_does():
+    """A batch or a server adds each answer to the loaded index; it must be the index a fresh load builds."""
+    rng = np.random.default_rng(5)
+    answers = [rng.integers(0, 6, n) for n in (40, 2, 0, 75, 3, 120)]  # 6 ids: many equal trigrams, short answers
+    grown = Corpus(answers[:1])
+    for a in answers[1:]:
+        grown.add(a)
+    built = Corpus(answers)
+    for name in ("tokens", "keys", "ends"):
+        assert np.array_equal(getattr(grown, name), getattr(built, name)), name
+    history = rng.integers(0, 6, 12)
+    assert grown.match(history, 8) == built.match(history, 8)

@@ -27,6 +27,8 @@ class Tally:
     prompt_tokens: int = 0
     tokens: int = 0
     generation_seconds: float = 0.0
+    decode_seconds: float = 0.0  # of which drafting and verifying (the rest is bookkeeping)
+    emitted: int = 0  # tokens the rounds produced: the generated ones and each answer's end-of-generation token
     rounds: dict[str, int] = field(default_factory=dict)  # by drafter ("none": plain rounds)
     drafted: int = 0
     accepted: int = 0
@@ -39,16 +41,19 @@ class Tally:
         self.prompt_tokens += spec["prompt_tokens"]
         self.tokens += spec["generated_tokens"]
         self.generation_seconds += spec["generation_seconds"]
+        self.decode_seconds += spec["draft_seconds"] + spec["verify_seconds"]
         self.drafted += spec["drafted"]
         self.accepted += spec["accepted"]
         for name, part in spec["by_drafter"].items():
             self.rounds[name] = self.rounds.get(name, 0) + part["rounds"]
+            self.emitted += part["emitted"]
 
     def speedup(self, plain_seconds: float | None) -> float | None:
-        """Generated tokens per second over plain decoding's (auto's measure of it, refined as it runs)."""
-        if not plain_seconds or not self.generation_seconds:
+        """The time plain decoding would have taken for what the rounds produced (auto's cost of a plain decode,
+        refined as it runs) over the time the rounds spent drafting and verifying it."""
+        if not plain_seconds or not self.decode_seconds:
             return None
-        return self.tokens / self.generation_seconds * plain_seconds
+        return self.emitted * plain_seconds / self.decode_seconds
 
 
 def run(lines: list[Line], results: Results, service: Service, on_result: Callable[[Line, int, dict], None],

@@ -34,6 +34,20 @@ class Corpus:
         order = np.argsort(keys, kind="stable")  # stable: equal keys stay in text order, the latest last
         self.keys, self.ends = keys[order], ends[order]
 
+    def add(self, answer) -> None:
+        """One more answer, the newest: its trigrams merged into the sorted index (a copy of the arrays, not
+        a re-sort), so a session that keeps answering (a batch, a server) learns from each at once."""
+        a = np.asarray(answer, dtype=np.int64)
+        base = len(self.tokens)
+        self.tokens = np.concatenate([self.tokens, a, [SEPARATOR]])
+        if len(a) < NGRAM or (a < 0).any():
+            return
+        keys = _key(np.lib.stride_tricks.sliding_window_view(a, NGRAM))
+        order = np.argsort(keys, kind="stable")
+        keys, ends = keys[order], base + order + NGRAM - 1
+        at = np.searchsorted(self.keys, keys, "right")  # after equal keys: the newest stays last
+        self.keys, self.ends = np.insert(self.keys, at, keys), np.insert(self.ends, at, ends)
+
     def __len__(self) -> int:
         return len(self.tokens)
 
