@@ -13,6 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
+from .backend import grammar
 from .errors import SpecdecError, UsageError
 from .outputs import kind_name
 from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR, KNOWN
@@ -143,12 +144,20 @@ def run_config(settings: dict[str, Any], *, debug: bool = False, model_file: Cal
             raise UsageError(f"-k/--draft-tokens {e}") from None
     fields["threads"] = settings.get("threads") or default_threads()
     try:
-        return RunConfig(**fields, debug=debug)
+        cfg = RunConfig(**fields, debug=debug)
     except OptionError as e:
         where = settings.get("from_file", {}).get(e.key)
         if where:  # the value came from the config file: say where, not which flag
             raise ConfigError(*where, e.rule) from None
         raise
+    return cfg.override(gbnf=_gbnf(cfg)) if cfg.json_schema or cfg.grammar else cfg
+
+
+def _gbnf(cfg: RunConfig) -> str:
+    """The constraint as GBNF, parsed once now: a schema or grammar that cannot work fails before any model loads."""
+    gbnf = grammar.from_schema(cfg.json_schema) if cfg.json_schema else grammar.from_file(cfg.grammar)
+    grammar.check(gbnf)
+    return gbnf
 
 
 def _parses(value: str) -> bool:

@@ -300,6 +300,21 @@ class RunConfig:
         config=(str,),
         in_json=False,
     )
+    json_schema: str | None = option(
+        "--json-schema",
+        type=str,
+        help="Constrain the answer to this JSON Schema (a file, or the JSON itself), as llama.cpp's grammar; "
+        "the output is exactly constrained target-only decoding.",
+        config=(str,),
+        in_json=False,
+    )
+    grammar: str | None = option(
+        "--grammar",
+        type=str,
+        help="Constrain the answer to this GBNF grammar file (llama.cpp's format).",
+        config=(str,),
+        in_json=False,
+    )
     remeasure: bool = option(
         "--remeasure",
         type=bool,
@@ -309,12 +324,15 @@ class RunConfig:
         in_json=False,
     )
     debug: bool = False  # check the KV caches after every round (--debug, not a run option of its own)
+    gbnf: str | None = None  # the grammar --json-schema or --grammar gives, as GBNF text (config.run_config)
 
     def __post_init__(self) -> None:
         for o in OPTIONS:
             rule = o.problem(getattr(self, o.key))
             if rule:
                 raise OptionError(o.key, rule)
+        if self.json_schema is not None and self.grammar is not None:
+            raise UsageError("--json-schema and --grammar each constrain the answer: give one of them")
         if self.drafter == "model" and self.draft is None:
             raise UsageError("--drafter model needs --draft PATH")
         if self.branches > 1 and not (self.draft is not None and self.drafter in ("model", "auto")):
@@ -329,11 +347,12 @@ class RunConfig:
     def sampler(self) -> Sampler:
         return Sampler(self.temp, self.top_k, self.top_p, self.min_p)
 
-    def settings(self, *, prompt_kernels: bool = True) -> Settings:
-        """The engine's settings for this run (-k auto: drafts of up to AUTO_K_MAX, as auto chooses)."""
+    def settings(self, *, prompt_kernels: bool = True, constraint: Any = None) -> Settings:
+        """The engine's settings for this run (-k auto: drafts of up to AUTO_K_MAX, as auto chooses);
+        `constraint`: the grammar's start state, where the run is constrained."""
         return Settings(
             self.draft_tokens or AUTO_K_MAX, self.max_tokens, self.sampler, self.seed, self.debug,
-            ordered_cells=self.exact, prompt_kernels=prompt_kernels,
+            ordered_cells=self.exact, prompt_kernels=prompt_kernels, constraint=constraint,
         )  # fmt: skip
 
     def as_dict(self) -> dict:

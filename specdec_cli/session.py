@@ -13,6 +13,7 @@ import llama_cpp
 from . import drafting
 from .backend import cpu, rpc, vocab
 from .backend.context import Context
+from .backend.grammar import Grammar
 from .backend.native import Model
 from .drafting import cache as lookup_cache
 from .drafting import cost, curves
@@ -285,7 +286,9 @@ class Session:
         # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in
         # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
         # reused prefix holds exactly the cells a cold run computes.
-        settings = run.settings(prompt_kernels=not reuse)
+        # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
+        constraint = Grammar(self.target, run.gbnf).start() if run.gbnf else None
+        settings = run.settings(prompt_kernels=not reuse, constraint=constraint)
         try:
             yield from with_text(generate(main, drafter, tokens, settings), self.target.piece)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole

@@ -32,7 +32,7 @@ def with_text(events: Iterator[Event], piece: Callable[[int], bytes]) -> Iterato
             if isinstance(event, Token):
                 event = Token(id=event.id, origin=event.origin, text=detok.push(event.id))
             elif isinstance(event, Stopped):
-                event = Stopped(reason=event.reason, tail=detok.flush())
+                event = Stopped(reason=event.reason, tail=detok.flush(), complete=event.complete)
             yield event
     finally:
         events.close()  # a consumer that walks away: the engine's rollback runs now

@@ -39,7 +39,8 @@ def test_json_has_the_contract_keys(capsys, models):
     )  # fmt: skip
     assert code == 0
     obj = json.loads(out)
-    assert set(obj) == {"text", "tokens", "stop_reason", "stats", "config"}
+    assert set(obj) == {"text", "tokens", "stop_reason", "valid", "stats", "config"}
+    assert obj["valid"] is None  # unconstrained
     assert JSON_STATS <= set(obj["stats"])
     assert len(obj["tokens"]) == obj["stats"]["generated_tokens"] == 20
     assert obj["stop_reason"] == "max_tokens"

@@ -140,6 +140,41 @@ def test_chat_and_completions_match_generate(smol_server, smollm2):
     assert other.model == "smollm2-135m-instruct-q4_1" and other.choices[0].text == cli["text"]
 
 
+PERSON = {
+    "type": "object",
+    "required": ["name", "age", "city"],
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string", "enum": ["Paris", "Rome"]},
+    },
+}
+
+
+def test_response_format_constrains_the_answer_as_generate_does(smol_server, smollm2):
+    client, ask = smol_server.client(), "Bob is 42 and lives in Paris. Give his name, age and city as JSON."
+    cli = generate_json(ask, "--target", smollm2, "--drafter", "auto", "-n", "60", "--no-lookup-cache",
+                        "--json-schema", json.dumps(PERSON))  # fmt: skip
+    assert cli["valid"] is True
+    r = client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": ask}], max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    )  # fmt: skip
+    answer = json.loads(r.choices[0].message.content)
+    assert r.choices[0].message.content == cli["text"] and r.choices[0].finish_reason == "stop"
+    assert (
+        set(answer) == {"name", "age", "city"}
+        and isinstance(answer["age"], int)
+        and answer["city"] in ("Paris", "Rome")
+    )
+    any_object = client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": ask}], max_tokens=60, response_format={"type": "json_object"}
+    )
+    assert any_object.choices[0].finish_reason != "stop" or isinstance(
+        json.loads(any_object.choices[0].message.content), dict
+    )
+
+
 def test_draft_model_and_overrides_match_generate(pair_server):
     m, client = pair_server.models, pair_server.client()
     cli = generate_json("hello there", "--target", m["chat"], "--draft", m["draft"], "--drafter", "model", "-k", "3",
@@ -313,7 +348,12 @@ def test_bad_requests_get_an_error_object_and_the_server_goes_on(smol_server):
             None,
         ),  # fmt: skip
         (s.post(chat, {**good, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "tools"),
-        (s.post(chat, {**good, "response_format": {"type": "json_object"}}), 400, "response_format"),
+        (
+            s.post(chat, {**good, "response_format": {"type": "json_schema", "json_schema": {"schema": "x"}}}),
+            400,
+            "response_format",
+        ),
+        (s.post(chat, {**good, "response_format": {"type": "yaml"}}), 400, "response_format"),
         (s.post(chat, {**good, "temprature": 0.5}), 400, "temprature"),  # a typo is not silently the default
     ]
     for (status, _, body), want, param in cases:

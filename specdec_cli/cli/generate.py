@@ -39,6 +39,9 @@ def generate(
         if stream:
             stream.start()
         result = _consume(session.generate(tokens, instruction=prompt_text), stream)
+        if result.stats.complete is False and not result.interrupted:
+            ui.warning(f"the answer stopped ({result.stats.stop_reason}) before its grammar was complete: it does "
+                       "not follow the schema or grammar; raise -n/--max-tokens")  # fmt: skip
         if not result.interrupted and result.stats.stop_reason in ("eos", "max_tokens"):
             session.remember(result.tokens)  # the lookup cache: a later run may draft from this answer
         with signals.held():  # what the run produced is printed whole
@@ -67,8 +70,9 @@ def _json(session: Session, result: Result, pair: str | None) -> dict:
         "load_seconds": round(session.load_seconds, 4),
         "cost_curve": session.curve.source,
     }
+    # valid: a constrained answer (--json-schema, --grammar) that is whole; null when unconstrained
     return {"text": result.text, "tokens": result.tokens, "stop_reason": result.stats.stop_reason,
-            "stats": stats, "config": config}  # fmt: skip
+            "valid": result.stats.complete, "stats": stats, "config": config}  # fmt: skip
 
 
 def _title(session: Session) -> str:

@@ -51,6 +51,7 @@ class Round:
 class Stopped:
     reason: str  # "eos" | "max_tokens" | "context"
     tail: str = ""  # text the detokenizer still held (bytes that never completed a character)
+    complete: bool | None = None  # a grammar's constraint: whether the text is a whole sentence of it (None: none)
 
 
 @dataclass(frozen=True, slots=True)

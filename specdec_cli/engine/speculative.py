@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import SpecdecError
 from .context import Model
+from .constraint import MaskedProbs, State, along, greedy_rows
 from .drafter import EMPTY, Draft, Drafter, Outcome
 from .events import Event, Notice, Origin, Prefilled, Round, Stopped, Token
 from .kv import Branches, Sequence
@@ -39,6 +40,8 @@ class Settings:
     ordered_cells: bool = False
     # Exact mode: the prompt through the fast kernels; off when a later prompt may reuse the cache.
     prompt_kernels: bool = True
+    # A grammar's state before the first generated token: every token is one it allows (engine/constraint.py).
+    constraint: State | None = None
 
 
 SURE = 0.9  # Outcome.sure: the target's probability of its own token was at least this
@@ -62,14 +65,15 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
     yield Prefilled(prompt_tokens=len(prompt), seconds=time.perf_counter() - t0, cached=cached)
 
     committed = list(prompt)
+    state = settings.constraint  # the grammar's state after the committed text (None: unconstrained)
     while True:
         generated = len(committed) - len(prompt)
         if generated >= settings.max_tokens:
-            yield Stopped(reason="max_tokens")
+            yield Stopped(reason="max_tokens", complete=state and state.complete())
             return
         room = main.ctx.n_ctx - len(committed)  # the verify batch needs positions n-1 .. n-1+k < n_ctx
         if room < 0:
-            yield Stopped(reason="context")
+            yield Stopped(reason="context", complete=state and state.complete())
             return
         if len(committed) - len(main) > main.ctx.n_batch // 2:  # a long lag (ordered_cells, a cleared state) alone
             main.append(committed[len(main) : -1])
@@ -80,13 +84,15 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             k = min(k, main.ctx.max_rollback)
 
         t_round = time.perf_counter()
-        draft, winner, n_before, in_order = EMPTY, 0, len(committed), None
+        draft, winner, n_before, in_order, states = EMPTY, 0, len(committed), None, None
         try:
             draft = drafter.propose(committed, k, sampler, rng)  # 1. draft
+            if state is not None:  # cut where the grammar rejects it; each row's grammar state
+                draft, states = along(draft, state, sampler)
             t_draft = time.perf_counter()
             rows = draft.shape.verify(target, feed, draft.tokens)  # 2. ONE target decode
             t_verify = time.perf_counter()
-            path, token = _accept(rows, draft, sampler, rng, model, len(committed))  # 3. accept
+            path, token = _accept(rows, draft, sampler, rng, model, len(committed), states)  # 3. accept
             sure = _sure(rows[path[-1] + 1 if path else 0], token, sampler) if draft.wants_confidence else None
             winner = draft.shape.winner(path)
             new = [*(draft.tokens[i] for i in path), token]
@@ -111,6 +117,8 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if settings.debug:
             target.check(committed)
             drafter.check(committed)
+        if states is not None and end == len(new):  # the grammar's state after the round's tokens
+            state = states[path[-1] + 1 if path else 0].after(token)
         origins = [Origin.DRAFT] * len(path) + [_origin(draft, path)]
         for t, origin in zip(new[:end], origins):
             yield Token(id=t, origin=origin)
@@ -118,7 +126,7 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         emitted = end + eog  # an end-of-generation token counts, though it is not output
         yield _round(draft, outcome, emitted, seconds, rejected=origins[-1] == Origin.CORRECTION, winner=winner)
         if eog:
-            yield Stopped(reason="eos")
+            yield Stopped(reason="eos", complete=True if state is not None else None)  # the grammar allowed it
             return
 
 
@@ -154,26 +162,28 @@ def _round(draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, reje
     )
 
 
-def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model, at: int) -> tuple[list[int], int]:
-    """(accepted draft positions, the target's token) by the rule for the draft's shape; the target's
-    logits at position `at` must be finite."""
+def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model, at: int,
+            states: list[State | None] | None) -> tuple[list[int], int]:  # fmt: skip
+    """(accepted draft positions, the target's token) by the rule for the draft's shape, on rows masked by
+    their grammar `states` where constrained; the target's logits at position `at` must be finite."""
     try:
         if sampler.greedy:
             argmax = rows.argmax(axis=1)
             # argmax lands on a NaN or +inf when a row has one: checking the chosen values checks the rows.
             if not np.isfinite(rows[np.arange(len(argmax)), argmax]).all():
                 raise NonFiniteLogits("logits hold NaN or infinity")
-            return draft.shape.greedy_accept(argmax.tolist(), draft.tokens)
-        p = np.stack([sampler.probs(r) for r in rows])
+            best = argmax.tolist() if states is None else greedy_rows(rows, states)
+            return draft.shape.greedy_accept(best, draft.tokens)
+        p = np.stack([sampler.probs(r) for r in rows]) if states is None else MaskedProbs(rows, states, sampler)
+        q = draft.q
+        if q is not None and q.shape[1] != p.shape[1]:  # vocabularies may differ by padding (<= 128 ids)
+            q = _fit(q, p.shape[1])
+        return draft.shape.accept(p, q, draft.tokens, rng)
     except NonFiniteLogits as e:
         raise SpecdecError(
             f"target {model.name} produced non-finite logits ({e}) at position {at}",
             hint="its weights are damaged or overflow: check the file (`specdec models verify`), or try another quantisation",
         ) from None
-    q = draft.q
-    if q is not None and q.shape[1] != p.shape[1]:  # vocabularies may differ by padding (<= 128 ids)
-        q = _fit(q, p.shape[1])
-    return draft.shape.accept(p, q, draft.tokens, rng)
 
 
 def _sure(row: np.ndarray, token: int, sampler: Sampler) -> bool:

@@ -75,6 +75,7 @@ class Stats:
     verify_seconds: float = 0.0
     generation_seconds: float = 0.0
     stop_reason: str | None = None
+    complete: bool | None = None  # a constrained text: whether it is a whole sentence of the grammar (None: none)
 
     def add(self, event: Event) -> None:
         if isinstance(event, Token):
@@ -105,7 +106,7 @@ class Stats:
             self.prompt_tokens = event.prompt_tokens
             self.prefill_seconds = event.seconds
         elif isinstance(event, Stopped):
-            self.stop_reason = event.reason
+            self.stop_reason, self.complete = event.reason, event.complete
 
     @classmethod
     def combine(cls, parts: list[Stats]) -> Stats:
@@ -122,7 +123,8 @@ class Stats:
                 elif isinstance(theirs, dict):
                     for name, d in theirs.items():
                         mine.setdefault(name, DrafterStats()).merge(d)
-                elif isinstance(theirs, (int, float)):  # counts and seconds (stop_reason, a string, is not summed)
+                elif isinstance(theirs, (int, float)) and not isinstance(theirs, bool):  # counts and seconds (not
+                    # stop_reason, a string, nor `complete`, a verdict)
                     setattr(total, f.name, mine + theirs)
         return total
 

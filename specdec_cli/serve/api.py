@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import options
+from ..backend import grammar
+from ..errors import UsageError
 from ..engine.stats import Stats
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
@@ -49,7 +51,6 @@ NOT_DONE = {  # fields whose request would change the answer's form, which we ca
     "functions": "function calls",
     "function_call": "function calls",
     "logit_bias": "logit biases",
-    "response_format": 'structured output (only {"type": "text"})',
     "suffix": "insertion (suffix)",
     "audio": "audio output",
     "prediction": "predicted outputs",
@@ -61,7 +62,7 @@ IGNORED = {"model", "user", "metadata", "store", "service_tier", "prompt_cache_k
            "parallel_tool_calls", "reasoning_effort", "verbosity"}  # fmt: skip
 # Every field a body may have; any other is refused as OpenAI refuses it (a typo such as `temprature`
 # would otherwise run with the default, unnoticed).
-READ = {"stream", "stream_options", "stop", "exact", "cache_prompt"}
+READ = {"stream", "stream_options", "stop", "exact", "cache_prompt", "response_format"}
 FIELDS = {
     kind: {prompt, *READ, *SETTINGS, *UNSUPPORTED, *NOT_DONE, *IGNORED}
     for kind, prompt in (("chat", "messages"), ("completion", "prompt"))
@@ -151,9 +152,36 @@ def parse(kind: str, body: Any) -> Request:
         else:
             value = _number(value, name, integer=options.BY_KEY[key].type is int)
         req.settings[key] = value
+    gbnf = _response_format(body.get("response_format"))
+    if gbnf is not None:
+        req.settings["gbnf"] = gbnf
     req.exact = _typed(body, "exact", bool)
     req.cache_prompt = _typed(body, "cache_prompt", bool)
     return req
+
+
+def _response_format(value: Any) -> str | None:
+    """OpenAI's response_format as a grammar (GBNF): text (none), json_object (any JSON object), or
+    json_schema ({"json_schema": {"name", "schema", "strict"}}: that schema, by the converter --json-schema uses)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return grammar.JSON_OBJECT
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ApiError(400, "response_format.json_schema.schema must be a JSON Schema object",
+                           param="response_format")  # fmt: skip
+        try:
+            return grammar.from_schema(json.dumps(schema))
+        except UsageError as e:
+            raise ApiError(400, f"response_format: {e.message.removeprefix('--json-schema').lstrip(': ')}",
+                           param="response_format") from None  # fmt: skip
+    raise ApiError(400, 'response_format.type must be "text", "json_object" or "json_schema"', param="response_format")
 
 
 def api_name(key: str) -> str:

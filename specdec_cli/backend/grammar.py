@@ -1,0 +1,144 @@
+"""A GBNF grammar over a model's vocabulary, by llama.cpp's own grammar engine (`llama_sampler_init_grammar`):
+which tokens may come next, and the state after one. JSON Schema becomes GBNF through the converter
+llama-cpp-python ships. The engine sees only `GrammarState` (engine/constraint.py's State)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as L
+import numpy as np
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from ..errors import UsageError
+from ..inputs import read_text
+from . import native
+
+ROOT = b"root"
+JSON_OBJECT = JSON_GBNF  # OpenAI's json_object: llama.cpp's json.gbnf (as llama-cpp-python ships it), an object
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data, as numpy lays it out
+
+
+def from_schema(schema: str) -> str:
+    """--json-schema (a file, or the JSON itself) as GBNF; UsageError naming what is wrong."""
+    text = _file_text(schema, "--json-schema") if not schema.lstrip().startswith("{") else schema
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"--json-schema is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise UsageError("--json-schema must be a JSON object (a schema)")
+    try:
+        return json_schema_to_gbnf(json.dumps(parsed))
+    except Exception as e:  # the converter's own errors: an unsupported feature, a bad reference
+        raise UsageError(f"--json-schema: the converter cannot express this schema: {type(e).__name__}: {e}") from None
+
+
+def from_file(path: str) -> str:
+    return _file_text(path, "--grammar")
+
+
+def check(gbnf: str) -> None:
+    """Parse the grammar now (no model needed: the vocabulary is used only when tokens are checked)."""
+    native.init_backend()
+    ptr, why = _init(None, gbnf)
+    if not ptr:
+        raise UsageError(f"the grammar does not parse: {why}", hint="see llama.cpp's grammars/README.md for GBNF")
+    L.llama_sampler_free(ptr)
+
+
+class Grammar:
+    """A parsed grammar for one model's vocabulary; `start()` is its state before any generated token."""
+
+    def __init__(self, model: native.Model, gbnf: str):
+        self.model = model
+        ptr, why = _init(model.vocab, gbnf)
+        if not ptr:
+            raise UsageError(f"the grammar does not parse: {why}")
+        # Any end-of-generation token is allowed exactly where the grammar is complete: one stands for them all.
+        eog = next(t for t in (L.llama_vocab_eos(model.vocab), L.llama_vocab_eot(model.vocab), 0) if t >= 0)
+        self._start = GrammarState(ptr, model.n_vocab, eog)
+
+    def start(self) -> GrammarState:
+        return self._start.copy()
+
+
+class GrammarState:
+    """Where the grammar is after some tokens. Immutable to its users: `after` returns a new state."""
+
+    __slots__ = ("_ptr", "_n", "_eog", "_one")
+
+    def __init__(self, ptr, n_vocab: int, eog: int):
+        self._ptr, self._n, self._eog = ptr, n_vocab, eog
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+
+    def copy(self) -> GrammarState:
+        return GrammarState(L.llama_sampler_clone(self._ptr), self._n, self._eog)
+
+    def after(self, token: int) -> GrammarState:
+        """The state after `token`, which must be allowed (llama.cpp aborts on a token its grammar rejects)."""
+        state = self.copy()
+        L.llama_sampler_accept(state._ptr, token)
+        return state
+
+    def allows(self, token: int) -> bool:
+        """Whether `token` may come next: the grammar applied to a one-token candidate list (microseconds)."""
+        self._one["id"], self._one["logit"] = token, 0.0
+        self._apply(self._one)
+        return bool(np.isfinite(self._one["logit"][0]))
+
+    def complete(self) -> bool:
+        """The text so far is a whole sentence of the grammar: it allows the end of generation."""
+        return self.allows(self._eog)
+
+    def mask(self, row: np.ndarray) -> np.ndarray:
+        """The row of logits with every token the grammar rejects at -inf (milliseconds: the whole vocabulary)."""
+        data = np.empty(self._n, dtype=_TOKEN_DATA)
+        data["id"] = np.arange(self._n)
+        data["logit"] = row[: self._n]
+        self._apply(data)
+        out = np.full(row.shape, -np.inf, dtype=row.dtype)
+        out[: self._n] = data["logit"]
+        return out
+
+    def _apply(self, data: np.ndarray) -> None:
+        arr = L.llama_token_data_array(data.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), len(data), -1, False)
+        L.llama_sampler_apply(self._ptr, ctypes.byref(arr))
+
+    def __del__(self) -> None:
+        if self._ptr:
+            L.llama_sampler_free(self._ptr)
+            self._ptr = None
+
+
+def _init(vocab: Any, gbnf: str):
+    """(sampler or NULL, llama.cpp's reason when it would not parse). The parser writes its reason to the
+    process's stderr itself, not to the log: caught there, so that it is said once, in our words."""
+    with tempfile.TemporaryFile() as caught:
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            ptr = L.llama_sampler_init_grammar(vocab, gbnf.encode(), ROOT)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        lines = [line.strip() for line in caught.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    why = next((line.split("error parsing grammar: ", 1)[1] for line in lines if "error parsing grammar: " in line),
+               lines[0] if lines else native.last_log_error() or "llama.cpp could not parse it")  # fmt: skip
+    return ptr, why + (" the end of the grammar" if why.endswith(" at") else "")
+
+
+def _file_text(path: str, option: str) -> str:
+    p = Path(os.path.expanduser(path))
+    if not p.is_file():
+        raise UsageError(
+            f"{option}: {path} is not a file" + (" nor a JSON object" if option == "--json-schema" else "")
+        )
+    with p.open("rb") as f:
+        return read_text(f, f"{option} {path}", 1 << 20)

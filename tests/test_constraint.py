@@ -1,0 +1,120 @@
+"""Constrained decoding (--grammar, --json-schema), speculated losslessly: every drafter's output is exactly
+constrained target-only decoding (greedy: token for token; sampling: the same distribution); a draft is cut
+at the first token the grammar rejects; bad schemas and grammars are one line before any model loads."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import config, run_engine, same_distribution, sample_counts
+
+from specdec_cli.engine.constraint import along
+from specdec_cli.engine.drafter import Draft
+from specdec_cli.engine.sampling import Sampler
+from specdec_cli.session import open_session
+from test_cli import one_line_error
+
+# On the tiny byte-vocabulary models: a grammar that forbids most bytes the models like, one that forces a
+# long literal (every token of it certain: a draft of it is right), and an enum.
+GRAMMARS = {
+    "forbids": ('root ::= [a-f ]+ "."', r"[a-f ]+\.?"),
+    "literal": ('root ::= "once upon a time, in a land far away, " [a-z ]*', r"once upon a time, in a land far away, [a-z ]*"),
+    "enum": ('root ::= ("alpha" | "beta" | "gamma") ": " [a-z]+ ("," [a-z]+)*', r"(alpha|beta|gamma): [a-z]+(,[a-z]+)*"),
+}  # fmt: skip
+RUNS = [
+    dict(drafter="model", draft_tokens=4),
+    dict(drafter="model", draft_tokens=6, branches=3, p_split=0.05),
+    dict(drafter="lookup", draft_tokens=4),
+    dict(drafter="lookup", draft_tokens=None),
+    dict(drafter="auto", draft_tokens=None),
+]
+
+
+@pytest.mark.parametrize("name", list(GRAMMARS))
+def test_every_drafter_gives_exactly_constrained_target_only_output(models, frozen_costs, name):
+    gbnf, pattern = GRAMMARS[name]
+    with open_session(config(models, "draft", drafter="auto", draft_tokens=None, max_tokens=60, gbnf=gbnf,
+                             lookup_cache=False)) as s:  # fmt: skip
+        plain, stats, text = run_engine(s, "hello", drafter="none", draft_tokens=4)
+        assert re.fullmatch(pattern, text), text  # the constraint holds
+        assert stats.complete is (stats.stop_reason == "eos")
+        drafted = 0
+        for run in RUNS:
+            tokens, stats, _ = run_engine(s, "hello", **run)
+            assert tokens == plain, run
+            drafted += stats.drafted
+        assert drafted > 0  # the drafters drafted: identity is not plain decoding five times
+
+
+def test_sampling_keeps_the_constrained_distribution(models):
+    """temp 1: the draft model samples (q is its own, unmasked: tokens the grammar rejects are kept in the
+    draft and rejected by the rule, which draws from the residual); the outcome's distribution must be
+    constrained target-only sampling's. Negative control: without the constraint it is another one."""
+    cfg = config(models, "draft", max_tokens=4, temp=1.0, gbnf="root ::= [a-d] [a-d] [a-d]", lookup_cache=False)
+    with open_session(cfg) as s:
+        want, _ = sample_counts(s, "hello", 1200, drafter="none")
+        got, stats = sample_counts(s, "hello", 1200, drafter="model", draft_tokens=3)
+    assert stats.drafted > 0 and stats.accepted < stats.drafted  # some draft tokens were rejected
+    ok, stat, cells = same_distribution(want, got)
+    assert ok, (stat, cells)
+    with open_session(config(models, "draft", max_tokens=4, temp=1.0, lookup_cache=False)) as s:
+        free, _ = sample_counts(s, "hello", 1200, drafter="model", draft_tokens=3)
+    assert not same_distribution(want, free)[0]
+
+
+def test_a_point_mass_draft_is_cut_at_the_first_rejected_token_and_a_sampled_one_after_it():
+    class Only:  # allows tokens below 10; each state is its depth
+        def __init__(self, depth=0):
+            self.depth = depth
+
+        def allows(self, token):
+            return token < 10
+
+        def after(self, token):
+            return Only(self.depth + 1)
+
+    draft = Draft([1, 2, 50, 3], None, source="lookup", k=4)
+    cut, states = along(draft, Only(), Sampler())
+    assert cut.tokens == [1, 2] and [s.depth for s in states] == [0, 1, 2]
+    q = np.full((4, 64), 1 / 64)
+    cut, states = along(Draft([1, 2, 50, 3], q, source="model", k=4), Only(), Sampler(temp=1.0))
+    assert cut.tokens == [1, 2, 50] and cut.q.shape == (3, 64) and states[-1] is None  # kept, its row unused
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdec_cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def test_bad_schemas_and_grammars_are_one_line_before_any_model_loads(tmp_path):
+    bad_gbnf = tmp_path / "bad.gbnf"
+    bad_gbnf.write_text('root ::= "a" | undefined-rule\n')
+    cases = [
+        (("--json-schema", "{not json"), "--json-schema is not valid JSON"),
+        (("--json-schema", '{"type": "wat"}'), "--json-schema: the converter cannot express this schema"),
+        (("--json-schema", tmp_path / "missing.json"), "is not a file nor a JSON object"),
+        (("--grammar", bad_gbnf), "the grammar does not parse: Undefined rule identifier 'undefined-rule'"),
+        (("--grammar", tmp_path / "missing.gbnf"), "--grammar: "),
+        (("--grammar", bad_gbnf, "--json-schema", "{}"), "give one of them"),
+    ]
+    for args, message in cases:  # the target does not exist: the constraint is refused before it is looked at
+        r = cli("generate", "hi", "--target", tmp_path / "no-model.gguf", *args)
+        assert r.returncode == 2 and message in one_line_error(r.stderr), (args, r.stderr)
+
+
+def test_json_says_whether_the_constrained_answer_is_whole(models, tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}))
+    args = ["generate", "hello", "--target", models["target"], "--no-chat", "--json", "-t", "2"]
+    short = cli(*args, "-n", "3", "--json-schema", schema)
+    assert short.returncode == 0, short.stderr
+    out = json.loads(short.stdout)
+    assert out["stop_reason"] == "max_tokens" and out["valid"] is False
+    assert "before its grammar was complete" in short.stderr
+    free = json.loads(cli(*args, "-n", "3").stdout)
+    assert free["valid"] is None  # unconstrained
