@@ -118,3 +118,24 @@ def test_json_says_whether_the_constrained_answer_is_whole(models, tmp_path):
     assert "before its grammar was complete" in short.stderr
     free = json.loads(cli(*args, "-n", "3").stdout)
     assert free["valid"] is None  # unconstrained
+
+
+def test_bench_prompt_files_carry_a_schema_or_grammar_per_prompt(capsys, models, tmp_path):
+    from test_bench import bench
+
+    from specdec_cli.bench import suite
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"category": "enum", "prompt": "hello", "grammar": GRAMMARS["enum"][0]}) + "\n"
+        + json.dumps({"category": "free", "prompt": "once upon a time"}) + "\n"
+    )  # fmt: skip
+    code, doc, rows, err = bench(capsys, models, tmp_path, "--prompts", str(prompts), "--drafters", "none,model",
+                                 "--draft-tokens", "3")  # fmt: skip
+    assert code == 0, err
+    assert all(r["identical_to_baseline"] == 1.0 for r in doc["rows"])  # constrained rows stay exact
+    loaded = suite.load(str(prompts), None)
+    assert loaded[0].gbnf == GRAMMARS["enum"][0] and loaded[1].gbnf is None
+    prompts.write_text(json.dumps({"prompt": "x", "schema": {"type": "wat"}}) + "\n")
+    with pytest.raises(Exception, match=r"p.jsonl:1: --json-schema: the converter cannot express"):
+        suite.load(str(prompts), None)

@@ -56,10 +56,12 @@ class Grammar:
     """A parsed grammar for one model's vocabulary; `start()` is its state before any generated token."""
 
     def __init__(self, model: native.Model, gbnf: str):
+        """`gbnf` was parsed by `check` (or made by the converter): no stderr to catch here, where a server's
+        other threads may be writing to it."""
         self.model = model
-        ptr, why = _init(model.vocab, gbnf)
+        ptr = L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), ROOT)
         if not ptr:
-            raise UsageError(f"the grammar does not parse: {why}")
+            raise UsageError(f"the grammar does not parse: {native.last_log_error() or 'llama.cpp refused it'}")
         # Any end-of-generation token is allowed exactly where the grammar is complete: one stands for them all.
         eog = next(t for t in (L.llama_vocab_eos(model.vocab), L.llama_vocab_eot(model.vocab), 0) if t >= 0)
         self._start = GrammarState(ptr, model.n_vocab, eog)

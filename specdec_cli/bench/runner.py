@@ -92,6 +92,8 @@ def sweep(
 
     def generate(config: Config, i: int, corpus: Corpus | None = None) -> Run:
         k = {} if config.is_baseline else {"draft_tokens": config.draft_tokens}
+        if prompts[i].gbnf is not None:  # the prompt's schema or grammar constrains every row's answer alike
+            k["gbnf"] = prompts[i].gbnf
         events = sessions[config.exact].generate(
             encoded[i], drafter=config.drafter, branches=config.branches, temp=config.temp, seed=seed + i,
             instruction=prompts[i].text, corpus=corpus, **k,

@@ -8,6 +8,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backend import grammar
 from ..errors import SpecdecError, UsageError
 from ..inputs import read_text
 
@@ -16,6 +17,7 @@ from ..inputs import read_text
 class Prompt:
     category: str
     text: str
+    gbnf: str | None = None  # the answer's constraint: a prompt file line's "schema" (or "grammar"), as GBNF
 
 
 _CODE = """def total_price(items, tax):
@@ -161,4 +163,21 @@ def _from_json(line: str, where: str) -> Prompt:
         raise UsageError(f'{where}: "prompt" must be a non-empty string, not {json.dumps(text)}')
     if not isinstance(category, str) or not category.strip():
         raise UsageError(f'{where}: "category" must be a non-empty string, not {json.dumps(category)}')
-    return Prompt(category, text)
+    return Prompt(category, text, _constraint(obj, where))
+
+
+def _constraint(obj: dict, where: str) -> str | None:
+    """A line's "schema" (a JSON Schema object) or "grammar" (GBNF text), as GBNF checked now."""
+    schema, gbnf = obj.get("schema"), obj.get("grammar")
+    try:
+        if schema is not None:
+            if not isinstance(schema, dict) or gbnf is not None:
+                raise UsageError('"schema" must be a JSON Schema object (and no "grammar" beside it)')
+            gbnf = grammar.from_schema(json.dumps(schema))
+        elif gbnf is not None and not isinstance(gbnf, str):
+            raise UsageError(f'"grammar" must be GBNF text, not {json.dumps(gbnf)}')
+        if gbnf is not None:
+            grammar.check(gbnf)
+    except UsageError as e:
+        raise UsageError(f"{where}: {e.message}") from None
+    return gbnf
