@@ -270,6 +270,8 @@ class Session:
     ) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other.
+        # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
+        grammar = Grammar(self.target, run.gbnf) if run.gbnf else None
         drafter = drafting.build(
             name,
             drafting.Sources(
@@ -278,6 +280,7 @@ class Session:
                 p_min=run.p_min, branches=run.branches, p_split=run.p_split, max_nodes=MAX_DRAFT_TOKENS,
                 vocab=self.target.n_vocab, lookup_branches=MAX_BRANCHES if self.target.rollback == "cells" else 1,
                 instruction=instruction, corpus=corpus, tokenize=functools.partial(self.target.tokenize, special=False),
+                grammar=grammar.start if grammar else None,
                 piece=self.target.piece,
             ),
         )  # fmt: skip
@@ -286,9 +289,7 @@ class Session:
         # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in
         # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
         # reused prefix holds exactly the cells a cold run computes.
-        # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
-        constraint = Grammar(self.target, run.gbnf).start() if run.gbnf else None
-        settings = run.settings(prompt_kernels=not reuse, constraint=constraint)
+        settings = run.settings(prompt_kernels=not reuse, constraint=grammar.start() if grammar else None)
         try:
             yield from with_text(generate(main, drafter, tokens, settings), self.target.piece)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole

@@ -139,3 +139,14 @@ def test_bench_prompt_files_carry_a_schema_or_grammar_per_prompt(capsys, models,
     prompts.write_text(json.dumps({"prompt": "x", "schema": {"type": "wat"}}) + "\n")
     with pytest.raises(Exception, match=r"p.jsonl:1: --json-schema: the converter cannot express"):
         suite.load(str(prompts), None)
+
+
+def test_what_the_grammar_forces_is_drafted_and_accepted(models, frozen_costs):
+    """A long literal the grammar forces: auto drafts it (drafting/forced.py) with no copy to follow."""
+    gbnf, _ = GRAMMARS["literal"]
+    with open_session(config(models, None, drafter="lookup", draft_tokens=None, max_tokens=40, gbnf=gbnf,
+                             lookup_cache=False)) as s:  # fmt: skip
+        plain, alone, _ = run_engine(s, "hello", drafter="none")
+        tokens, stats, _ = run_engine(s, "hello")
+    assert tokens == plain
+    assert stats.by_drafter["lookup"].accepted >= 20 and stats.rounds < alone.rounds / 2

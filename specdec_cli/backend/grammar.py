@@ -94,6 +94,13 @@ class GrammarState:
         self._apply(self._one)
         return bool(np.isfinite(self._one["logit"][0]))
 
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """Which of these tokens may come next: one grammar pass over them as candidates."""
+        data = np.zeros(len(ids), dtype=_TOKEN_DATA)
+        data["id"] = ids
+        self._apply(data)
+        return np.isfinite(data["logit"])
+
     def complete(self) -> bool:
         """The text so far is a whole sentence of the grammar: it allows the end of generation."""
         return self.allows(self._eog)

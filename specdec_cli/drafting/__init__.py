@@ -9,7 +9,7 @@ subclass, and one line in DRAFTERS (the command line's choices follow it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from ..engine.drafter import Drafter, NoDrafter
 from ..engine.kv import Sequence
@@ -17,6 +17,7 @@ from ..errors import UsageError
 from .auto import AutoDrafter
 from .corpus import Corpus
 from .cost import Costs
+from .forced import Forced
 from .lookup import LookupDrafter
 from .model import ModelDrafter
 
@@ -37,6 +38,7 @@ class Sources:
     lookup_branches: int = 1  # a lookup tree's leaves (each forks the target's state)
     instruction: str = ""
     corpus: Corpus | None = None  # earlier answers (the lookup cache)
+    grammar: Callable[[], Any] | None = None  # a constrained run: the grammar's start state (a new one per call)
     tokenize: Callable[[str], list[int]] = lambda text: []
     piece: Callable[[int], bytes] = lambda token: b""
 
@@ -50,8 +52,13 @@ class Sources:
 
     def auto(self, lookup: bool = True, model: bool = True) -> AutoDrafter:
         costs = self.costs()
+        forced = Forced(self.grammar(), self.tokenize, self.piece) if self.grammar is not None else None
         return AutoDrafter(
-            costs, self.lookup() if lookup else None, self.draft_model() if model else None, self.lookup_branches
+            costs,
+            self.lookup() if lookup else None,
+            self.draft_model() if model else None,
+            self.lookup_branches,
+            forced=forced,
         )
 
 

@@ -20,6 +20,7 @@ from ..engine.drafter import EMPTY, Draft, Drafter, Outcome
 from ..engine.sampling import Sampler
 from ..engine.shapes import CHAIN, Tree
 from .cost import Costs, best_length, best_tree, draft_can_pay, expected_tokens, rate
+from .forced import Forced
 from .lookup import Candidate, LookupDrafter
 from .model import DraftPolicy, ModelDrafter
 
@@ -36,6 +37,9 @@ SOURCE_PRIORS = {
     "other": (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55),
     "line": (0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85),
     "cache": (0.05, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.45, 0.55, 0.65),
+    # What a grammar forces (drafting/forced.py), by token: the grammar is sure; the tokenizer's split of it,
+    # and the whitespace guessed from habit, less so.
+    "grammar": (0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85),
 }
 HOT_PRIOR = 0.3  # a token at a likely edit point (lookup.Candidate.hot)
 CONFIDENCE_EDGES = tuple(i / 10 for i in range(10))  # the draft's probability of its token, in tenths
@@ -100,10 +104,12 @@ class AutoDrafter(Drafter):
     name = "auto"
 
     def __init__(
-        self, costs: Costs, lookup: LookupDrafter | None, draft_model: ModelDrafter | None, max_branches: int = 1
+        self, costs: Costs, lookup: LookupDrafter | None, draft_model: ModelDrafter | None, max_branches: int = 1,
+        forced: Forced | None = None,
     ):  # fmt: skip
         self.costs = costs
         self.lookup = lookup
+        self.forced = forced  # a constrained run: what its grammar forces next, one more candidate
         self.draft_model = draft_model
         self.max_branches = max_branches  # a lookup tree's leaves: one target sequence each
         # Per source, and per the target's confidence in its last token: where it hesitated, the answer is
@@ -119,12 +125,17 @@ class AutoDrafter(Drafter):
     def prefill(self, tokens: list[int]) -> None:
         if self.draft_model is not None:
             self.draft_model.prefill(tokens)
+        if self.forced is not None:
+            self.forced.prefill(tokens)
 
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
         """The draft with the best expected tokens per second: plain decoding's, lookup's best tree of its
         candidates, or the draft model's best chain (or tree) at its learned acceptance. A tie goes to the
         cheaper: plain decoding, then lookup."""
         offers = self.lookup.candidates(committed, k) if self.lookup is not None and k > 0 else []
+        forced = self.forced.candidate(committed, k) if self.forced is not None and k > 0 else None
+        if forced is not None:  # first: where it and a copy agree, the trie keeps the grammar's chance
+            offers = [forced, *(c for c in offers if c.tokens != forced.tokens)]
         best, draft = rate(1.0, 0.0, self.costs, 0), replace(EMPTY, predicted=1.0)  # plain decoding
         if offers:
             lookup_rate, lookup_draft = self._lookup_tree(offers, k)
