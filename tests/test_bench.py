@@ -129,9 +129,9 @@ def test_the_bench_measures_once_and_auto_starts_from_that_measurement(capsys, m
         calls.append(kw.get("thorough", False))
         return real_measure(*args, **kw)
 
-    def init(self, costs, *rest):
+    def init(self, costs, *rest, **kw):
         seen.append(costs)
-        real_init(self, costs, *rest)
+        real_init(self, costs, *rest, **kw)
 
     monkeypatch.setattr(costmodel, "measure", measure)
     monkeypatch.setattr(auto.AutoDrafter, "__init__", init)
