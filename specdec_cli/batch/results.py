@@ -33,7 +33,7 @@ class Results:
     """The results file, open for appending (locked); `done`: custom_id -> status code of what it holds."""
 
     def __init__(self, path: Path, shown: str):
-        self.path, self.shown = path, shown
+        self.shown = shown
         self.dropped = False  # a cut last line was removed (its request runs again)
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)

@@ -49,9 +49,9 @@ def along(draft: Draft, state: State, sampler: Sampler) -> tuple[Draft, list[Sta
     return draft, [state, *nodes]
 
 
-def greedy_rows(rows: np.ndarray, states: list[State | None]) -> list[int]:
-    """Each row's best token the grammar allows."""
-    best = rows.argmax(axis=1).tolist()
+def greedy_rows(rows: np.ndarray, argmax: np.ndarray, states: list[State | None]) -> list[int]:
+    """Each row's best token the grammar allows (`argmax`: each row's best token)."""
+    best = argmax.tolist()
     for i, state in enumerate(states):
         if state is not None and not state.allows(best[i]):
             best[i] = int(state.mask(rows[i]).argmax())
@@ -73,6 +73,3 @@ class MaskedProbs:
             row, state = self.rows[i], self.states[i]
             self._done[i] = self.sampler.probs(state.mask(row) if state is not None else row)
         return self._done[i] if rest is None else self._done[i][rest]
-
-    def __len__(self) -> int:
-        return len(self.rows)

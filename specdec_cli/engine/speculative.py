@@ -172,7 +172,7 @@ def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model,
             # argmax lands on a NaN or +inf when a row has one: checking the chosen values checks the rows.
             if not np.isfinite(rows[np.arange(len(argmax)), argmax]).all():
                 raise NonFiniteLogits("logits hold NaN or infinity")
-            best = argmax.tolist() if states is None else greedy_rows(rows, states)
+            best = argmax.tolist() if states is None else greedy_rows(rows, argmax, states)
             return draft.shape.greedy_accept(best, draft.tokens)
         p = np.stack([sampler.probs(r) for r in rows]) if states is None else MaskedProbs(rows, states, sampler)
         q = draft.q
