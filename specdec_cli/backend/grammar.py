@@ -58,7 +58,6 @@ class Grammar:
     def __init__(self, model: native.Model, gbnf: str):
         """`gbnf` was parsed by `check` (or made by the converter): no stderr to catch here, where a server's
         other threads may be writing to it."""
-        self.model = model
         ptr = L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), ROOT)
         if not ptr:
             raise UsageError(f"the grammar does not parse: {native.last_log_error() or 'llama.cpp refused it'}")
