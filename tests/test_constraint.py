@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import config, run_engine, same_distribution, sample_counts
 
-from specdec_cli.engine.constraint import along
+from specdec_cli.engine.constraint import along, greedy_rows
 from specdec_cli.engine.drafter import Draft
 from specdec_cli.engine.sampling import Sampler
 from specdec_cli.session import open_session
@@ -65,6 +65,41 @@ def test_sampling_keeps_the_constrained_distribution(models):
     with open_session(config(models, "draft", max_tokens=4, temp=1.0, lookup_cache=False)) as s:
         free, _ = sample_counts(s, "hello", 1200, drafter="model", draft_tokens=3)
     assert not same_distribution(want, free)[0]
+
+
+def test_greedy_rows_pick_what_argmax_over_the_masked_row_picks():
+    """The cheap path (the best token, then the row's best 64 in one pass) against the whole row's mask, on
+    rows with many equal logits (quantised logits tie) and grammars allowing a few tokens or most."""
+
+    class Allows:
+        def __init__(self, ok):
+            self.ok = ok
+
+        def allows(self, token):
+            return bool(self.ok[token])
+
+        def allowed(self, ids):
+            return self.ok[ids]
+
+        def mask(self, row):
+            return np.where(self.ok, row, -np.inf)
+
+    rng = np.random.default_rng(7)
+    for trial in range(400):
+        rows = rng.integers(0, 40 if trial % 2 else 4000, size=(3, 500)).astype(np.float32)  # ties, or few
+        states = [Allows(rng.random(500) < rng.choice([0.005, 0.05, 0.5, 0.95])) for _ in rows]
+        for st in states:
+            st.ok[rng.integers(500)] = True  # never an empty set
+        want = [int(st.mask(r).argmax()) for r, st in zip(rows, states)]
+        assert greedy_rows(rows, rows.argmax(axis=1), states) == want
+    for trial in range(50):  # the first allowed token ties with tokens outside the row's best 64
+        row = np.zeros(500, dtype=np.float32)
+        high = rng.choice(500, 60, replace=False)
+        row[high] = 5.0  # rejected; the best 64 then end in 4 of the 440 zeros, whichever the partition takes
+        ok = rng.random(500) < 0.3
+        ok[high] = False
+        st = Allows(ok)
+        assert greedy_rows(row[None], row[None].argmax(axis=1), [st]) == [int(np.flatnonzero(ok)[0])]
 
 
 def test_a_point_mass_draft_is_cut_at_the_first_rejected_token_and_a_sampled_one_after_it():

@@ -72,14 +72,14 @@ class Grammar:
 class GrammarState:
     """Where the grammar is after some tokens. Immutable to its users: `after` returns a new state."""
 
-    __slots__ = ("_ptr", "_n", "_eog", "_one")
+    __slots__ = ("_ptr", "_n", "eog", "_one")
 
     def __init__(self, ptr, n_vocab: int, eog: int):
-        self._ptr, self._n, self._eog = ptr, n_vocab, eog
+        self._ptr, self._n, self.eog = ptr, n_vocab, eog
         self._one = np.zeros(1, dtype=_TOKEN_DATA)
 
     def copy(self) -> GrammarState:
-        return GrammarState(L.llama_sampler_clone(self._ptr), self._n, self._eog)
+        return GrammarState(L.llama_sampler_clone(self._ptr), self._n, self.eog)
 
     def after(self, token: int) -> GrammarState:
         """The state after `token`, which must be allowed (llama.cpp aborts on a token its grammar rejects)."""
@@ -102,7 +102,7 @@ class GrammarState:
 
     def complete(self) -> bool:
         """The text so far is a whole sentence of the grammar: it allows the end of generation."""
-        return self.allows(self._eog)
+        return self.allows(self.eog)
 
     def mask(self, row: np.ndarray) -> np.ndarray:
         """The row of logits with every token the grammar rejects at -inf (milliseconds: the whole vocabulary)."""

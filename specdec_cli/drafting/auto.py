@@ -37,9 +37,10 @@ SOURCE_PRIORS = {
     "other": (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55),
     "line": (0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85),
     "cache": (0.05, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.45, 0.55, 0.65),
-    # What a grammar forces (drafting/forced.py), by token: the grammar is sure; the tokenizer's split of it,
-    # and the whitespace guessed from habit, less so.
-    "grammar": (0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85),
+    # What a grammar forces (drafting/forced.py), by how its token was chosen (forced.SURE .. END): the grammar
+    # is sure (the model may split it otherwise); optional whitespace as the answer wrote it after the same
+    # character every time before, after its one time before, a guess; the end where the grammar may end.
+    "grammar": (0.95, 0.92, 0.75, 0.4, 0.7, 0.5, 0.5, 0.5, 0.5, 0.5),
 }
 HOT_PRIOR = 0.3  # a token at a likely edit point (lookup.Candidate.hot)
 CONFIDENCE_EDGES = tuple(i / 10 for i in range(10))  # the draft's probability of its token, in tenths
@@ -170,7 +171,7 @@ class AutoDrafter(Drafter):
         """Token i of a candidate is right if its match, by then match + i tokens long, holds on; at a
         likely edit point, with the chance learned for those."""
         buckets = self.source_accept[c.source, self._sure]
-        return [self.hot_rate.mean if i == c.hot else buckets.mean(c.match + i) for i in range(len(c.tokens))]
+        return [self.hot_rate.mean if i == c.hot else buckets.mean(c.bucket(i)) for i in range(len(c.tokens))]
 
     def _draft_model(self, committed: list[int], k: int, sampler: Sampler, rng, policy: CostPolicy) -> Draft:
         draft = self.draft_model.propose(committed, k, sampler, rng, policy)
@@ -208,7 +209,7 @@ class AutoDrafter(Drafter):
                 if i == c.hot:
                     self.hot_rate.observe(i < right)
                 else:
-                    self.source_accept[c.source, self._sure].observe(c.match + i, i < right)
+                    self.source_accept[c.source, self._sure].observe(c.bucket(i), i < right)
         self._sure = int(outcome.sure is None or outcome.sure)
         if draft.source == "model":
             # Checked: the accepted nodes, then every child of the last one (all rejected).

@@ -18,8 +18,15 @@ import numpy as np
 
 from .lookup import Candidate
 
-MAX_CHARS = 48  # a key, its quotes and separators; free text stops a continuation long before
+MAX_CHARS = 96  # keys, quotes, separators, closings; free text stops a continuation long before
 WHITESPACE = " \n\t"
+FREE = 32  # a grammar that allows this many characters is at free text (a string's): whitespace there is prose
+# How each token of a continuation was chosen, the bucket auto learns its chance in (auto.SOURCE_PRIORS):
+SURE = 1  # the grammar allows only this (the model may still split it into other tokens)
+STEADY = 2  # optional whitespace, or none, as the answer wrote it after every earlier same character (2+)
+HABIT = 3  # ... as it wrote it after the one earlier same character
+GUESS = 4  # ... the first time the answer meets the choice, or where its habit is mixed: left out, or the majority
+END = 5  # the end of generation, where the grammar is complete and allows only whitespace besides
 
 
 class Forced:
@@ -41,22 +48,27 @@ class Forced:
             self.state = self.state.after(t)
             self.text += self.piece(t).decode("utf-8", "replace")
         self.seen = len(committed)
-        forced, state = "", self.state
+        forced, kinds, state, end = "", [], self.state, False
         while len(forced) < MAX_CHARS:
-            c = self._next(state, self.text + forced)
+            c, kind = self._next(state, self.text + forced)
             if c is None:
+                end = kind == END
                 break
-            forced += c
+            forced, kinds = forced + c, kinds + [kind]
             state = state.after(int(self.ids[self.chars.index(c)]))
-        if not forced:
-            return None
-        tokens, state = [], self.state
-        for t in self._in_context(committed, forced)[:k]:  # as the model writes it; cut where the grammar disagrees
-            if not state.allows(t):
+        tokens, at, state = [], [], self.state
+        for t in self._in_context(committed, forced) if forced else []:  # as the model writes it
+            if len(tokens) == k or not state.allows(t):  # cut where the grammar disagrees
                 break
+            span = len(self.piece(t))
+            at.append(max(kinds[:span], default=GUESS))  # a token is as sure as its least sure character
+            kinds = kinds[span:]
             tokens.append(t)
             state = state.after(t)
-        return Candidate(tokens, "grammar", 1) if tokens else None
+        if end and not kinds and len(tokens) < k and state.complete():
+            tokens.append(state.eog)
+            at.append(END)
+        return Candidate(tokens, "grammar", 1, at=tuple(at)) if tokens else None
 
     def _in_context(self, committed: list[int], forced: str) -> list[int]:
         """`forced` tokenized after the answer's last tokens, as the model's tokenizer would split the whole
@@ -70,14 +82,32 @@ class Forced:
                 return tokens[len(last) :]
         return self.tokenize(forced)
 
-    def _next(self, state: Any, text: str) -> str | None:
-        """The one character the grammar leaves, or between whitespace and one other, the text's habit."""
+    def _next(self, state: Any, text: str) -> tuple[str | None, int]:
+        """(The one character the grammar leaves, or optional whitespace as the text's habit has it; how it
+        was chosen). (None, END) where the grammar may end and allows nothing but whitespace besides; (None, 0)
+        where the text is free."""
         allowed = [c for c, ok in zip(self.chars, state.allowed(self.ids)) if ok]
         solid = [c for c in allowed if c not in WHITESPACE]
-        if len(allowed) == 1:
-            return allowed[0]
-        if len(solid) != 1 or not text:
-            return None
-        before = text[:-1].rfind(text[-1])  # the last time the answer wrote this character
-        after = text[before + 1] if before >= 0 else ""
-        return after if after in WHITESPACE and after in allowed else solid[0]
+        if not solid and state.complete():
+            return None, END
+        if len(allowed) == 1 and not state.complete():
+            return allowed[0], SURE
+        habit, kind = self._habit(text)
+        if habit and habit in allowed and len(solid) < FREE:  # e.g. after ':', a value next
+            return habit, kind
+        if len(solid) != 1 or not text or state.complete():
+            return None, 0
+        return solid[0], kind
+
+    @staticmethod
+    def _habit(text: str) -> tuple[str, int]:
+        """(What the answer wrote after its last character the earlier times: one whitespace character or ""
+        for none, the majority; how steadily)."""
+        if not text:
+            return "", GUESS
+        after = [text[i + 1] if text[i + 1] in WHITESPACE else "" for i, c in enumerate(text[:-1]) if c == text[-1]]
+        if not after:
+            return "", GUESS
+        top = max(set(after), key=after.count)
+        steady = after.count(top) == len(after)
+        return top, (STEADY if len(after) > 1 else HABIT) if steady else GUESS

@@ -241,12 +241,18 @@ class Candidate:
     "other" (another earlier occurrence that continues differently), "line" (after the answer ended a
     line it rewrote, the source's next line), "cache" (an earlier answer of this model, drafting/corpus.py).
     hot: the index of its first token at a likely edit point (a name the instruction mentions, or the
-    context where the answer edited before), where it is likelier to be wrong; None if it passes none."""
+    context where the answer edited before), where it is likelier to be wrong; None if it passes none.
+    at: per token, the bucket its chance is learned in (None: match + i, the match it would extend); a
+    grammar's continuation (drafting/forced.py) says how sure each token is instead."""
 
     tokens: list[int]
     source: str
     match: int
     hot: int | None = None
+    at: tuple[int, ...] | None = None
+
+    def bucket(self, i: int) -> int:
+        return self.match + i if self.at is None else self.at[i]
 
 
 class LookupDrafter(Drafter):

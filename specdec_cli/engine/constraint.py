@@ -9,7 +9,8 @@ token the grammar rejects is never accepted (its row's masked distribution gives
 - a sampled draft keeps it and is cut after it: the rule min(1, p/q) rejects it with certainty and draws
   from norm(max(0, p - q)), which is what keeps sampling exact for any q the draft sampled from.
 Nodes below a rejected one have no state: their rows are never reached. Greedy checks a row's best token
-first and masks the whole row only when the grammar rejects it (a mask costs milliseconds, a check microseconds).
+first; where the grammar rejects it, the row's TOP best in one grammar pass; the whole row is masked only when
+none of those will do (a mask costs ~15 ms on a 150k vocabulary, a check microseconds).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class State(Protocol):
 
     def after(self, token: int) -> State: ...  # the state after an allowed token
     def allows(self, token: int) -> bool: ...
+    def allowed(self, ids: np.ndarray) -> np.ndarray: ...  # which of these may come next (one pass)
     def mask(self, row: np.ndarray) -> np.ndarray: ...  # the logits row with rejected tokens at -inf
     def complete(self) -> bool: ...  # the text so far is a whole sentence of the grammar (it may end here)
 
@@ -49,13 +51,28 @@ def along(draft: Draft, state: State, sampler: Sampler) -> tuple[Draft, list[Sta
     return draft, [state, *nodes]
 
 
+TOP = 64  # where the grammar rejects a row's best token, its next best are checked in one pass first
+
+
 def greedy_rows(rows: np.ndarray, argmax: np.ndarray, states: list[State | None]) -> list[int]:
-    """Each row's best token the grammar allows (`argmax`: each row's best token)."""
+    """Each row's best token the grammar allows (`argmax`: each row's best token), as argmax over the masked
+    row picks it: the highest logit, the lowest id among equals."""
     best = argmax.tolist()
     for i, state in enumerate(states):
         if state is not None and not state.allows(best[i]):
-            best[i] = int(state.mask(rows[i]).argmax())
+            best[i] = _best_allowed(rows[i], state)
     return best
+
+
+def _best_allowed(row: np.ndarray, state: State) -> int:
+    top = np.argpartition(row, -TOP)[-TOP:] if len(row) > TOP else np.arange(len(row))
+    top = top[np.lexsort((top, -row[top]))]  # by logit, descending; equal logits by id, as argmax orders them
+    ok = np.flatnonzero(state.allowed(top))
+    # An allowed token whose logit some token outside the checked ones may equal (the partition's edge):
+    # that one might have the lower id. The whole row decides then, as it does when none is allowed.
+    if ok.size and (len(top) == len(row) or row[top[ok[0]]] > row[top[-1]]):
+        return int(top[ok[0]])
+    return int(state.mask(row).argmax())
 
 
 class MaskedProbs:
