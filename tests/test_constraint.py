@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 from conftest import config, run_engine, same_distribution, sample_counts
 
+from specdec_cli.backend.grammar import Grammar
+from specdec_cli.drafting.model import ModelDrafter
 from specdec_cli.engine.constraint import along, greedy_rows
+from specdec_cli.engine.kv import Sequence
 from specdec_cli.engine.drafter import Draft
 from specdec_cli.engine.sampling import Sampler
 from specdec_cli.session import open_session
@@ -52,9 +55,9 @@ def test_every_drafter_gives_exactly_constrained_target_only_output(models, froz
 
 
 def test_sampling_keeps_the_constrained_distribution(models):
-    """temp 1: the draft model samples (q is its own, unmasked: tokens the grammar rejects are kept in the
-    draft and rejected by the rule, which draws from the residual); the outcome's distribution must be
-    constrained target-only sampling's. Negative control: without the constraint it is another one."""
+    """temp 1: the draft model samples from its masked rows (q the masked distribution) and the rule accepts
+    or draws from the residual of the masked rows; the outcome's distribution must be constrained
+    target-only sampling's. Negative control: without the constraint it is another one."""
     cfg = config(models, "draft", max_tokens=4, temp=1.0, gbnf="root ::= [a-d] [a-d] [a-d]", lookup_cache=False)
     with open_session(cfg) as s:
         want, _ = sample_counts(s, "hello", 1200, drafter="none")
@@ -65,6 +68,41 @@ def test_sampling_keeps_the_constrained_distribution(models):
     with open_session(config(models, "draft", max_tokens=4, temp=1.0, lookup_cache=False)) as s:
         free, _ = sample_counts(s, "hello", 1200, drafter="model", draft_tokens=3)
     assert not same_distribution(want, free)[0]
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+@pytest.mark.parametrize("branches", [1, 3])
+def test_the_draft_model_proposes_only_what_the_grammar_allows(models, temp, branches):
+    """Its rows are masked as the target's are: every node of a chain or tree is a token the grammar allows
+    along its path, and a sampled draft's q gives nothing to a rejected token. Control: unmasked, the same
+    draft proposes tokens the grammar rejects (the grammar forbids most of what the models like)."""
+    gbnf = GRAMMARS["forbids"][0]
+    sampler, rng = Sampler(temp=temp), np.random.default_rng(3)
+    with open_session(config(models, "draft", gbnf=gbnf, lookup_cache=False)) as s:
+        grammar = Grammar(s.target, gbnf)
+        prompt = s.prompt_tokens("hello")
+        a = s.target.tokenize("a", special=False)[0]  # the text goes on with a token the grammar allows
+        rejected = 0
+        for masked in (True, False):
+            drafter = ModelDrafter(Sequence.empty(s.draft_ctx), 0.0, branches, 0.01,
+                                   grammar=grammar.start() if masked else None)  # fmt: skip
+            drafter.prefill(prompt[:-1])
+            committed, state = list(prompt), grammar.start()
+            for _ in range(6):
+                draft = drafter.propose(committed, 6, sampler, rng)
+                cut, states = along(draft, state, sampler)
+                if masked:
+                    assert cut.tokens == draft.tokens and None not in states, draft.tokens
+                    parents = getattr(draft.shape, "parents", range(-1, 5))  # a tree's, or a chain's
+                    for i, parent in zip(range(len(draft.tokens)), parents):
+                        if draft.q is not None:  # sampled: q's support is what the node's state allows
+                            assert states[parent + 1].allowed(np.flatnonzero(draft.q[i] > 0)).all()
+                else:
+                    rejected += cut.tokens != draft.tokens or None in states
+                drafter.rollback(len(committed) - 1, draft)
+                committed.append(a)
+                state = state.after(a)
+        assert rejected > 0
 
 
 def test_greedy_rows_pick_what_argmax_over_the_masked_row_picks():

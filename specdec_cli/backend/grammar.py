@@ -106,12 +106,13 @@ class GrammarState:
 
     def mask(self, row: np.ndarray) -> np.ndarray:
         """The row of logits with every token the grammar rejects at -inf (milliseconds: the whole vocabulary)."""
-        data = np.empty(self._n, dtype=_TOKEN_DATA)
-        data["id"] = np.arange(self._n)
-        data["logit"] = row[: self._n]
+        n = min(self._n, len(row))  # a draft's row may be shorter (llama.cpp pairs vocabularies within 128 ids)
+        data = np.empty(n, dtype=_TOKEN_DATA)
+        data["id"] = np.arange(n)
+        data["logit"] = row[:n]
         self._apply(data)
         out = np.full(row.shape, -np.inf, dtype=row.dtype)
-        out[: self._n] = data["logit"]
+        out[:n] = data["logit"]
         return out
 
     def _apply(self, data: np.ndarray) -> None:

@@ -20,6 +20,7 @@ from .lookup import Candidate
 
 MAX_CHARS = 96  # keys, quotes, separators, closings; free text stops a continuation long before
 WHITESPACE = " \n\t"
+STYLE = {":": " ", ",": " "}  # the first time: JSON's common style (json.dumps), no whitespace elsewhere
 FREE = 32  # a grammar that allows this many characters is at free text (a string's): whitespace there is prose
 # How each token of a continuation was chosen, the bucket auto learns its chance in (auto.SOURCE_PRIORS):
 SURE = 1  # the grammar allows only this (the model may still split it into other tokens)
@@ -107,7 +108,7 @@ class Forced:
             return "", GUESS
         after = [text[i + 1] if text[i + 1] in WHITESPACE else "" for i, c in enumerate(text[:-1]) if c == text[-1]]
         if not after:
-            return "", GUESS
+            return STYLE.get(text[-1], ""), GUESS
         top = max(set(after), key=after.count)
         steady = after.count(top) == len(after)
         return top, (STEADY if len(after) > 1 else HABIT) if steady else GUESS

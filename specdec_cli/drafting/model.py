@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..engine.constraint import Follow, State, best_allowed
 from ..engine.drafter import Draft, Drafter
 from ..engine.kv import Branches, Sequence
 from ..engine.sampling import NonFiniteLogits, Sampler, draw, entropy
@@ -44,14 +45,18 @@ class ModelDrafter(Drafter):
     Only ids below `vocab` (the target's vocabulary size) are ever proposed: llama.cpp pairs vocabularies
     that differ by up to 128 ids, and the target cannot decode an id it lacks. Dropping them from the
     draft's distribution keeps the acceptance rule exact (q is whatever the draft sampled from).
-    A draft whose logits turn non-finite (NaN weights) stops drafting for good: `failed`."""
+    A draft whose logits turn non-finite (NaN weights) stops drafting for good: `failed`.
+
+    A constrained run (`grammar`: its state before the first generated token) masks the draft's rows as the
+    target's are: its proposals are tokens the grammar allows, and a sampled draft's q is the masked distribution."""
 
     name = "model"
 
     def __init__(
         self, seq: Sequence, p_min: float = 0.0, max_branches: int = 1, p_split: float = 0.1, max_nodes: int = 63,
-        vocab: int | None = None,
+        vocab: int | None = None, grammar: State | None = None,
     ):  # fmt: skip
+        self.follow = Follow(grammar) if grammar is not None else None
         self.cache = Branches(seq)  # the draft's sequence, and a tree's forks (or a recurrent state's copy)
         self.p_min = p_min
         self.max_branches = max_branches
@@ -66,6 +71,8 @@ class ModelDrafter(Drafter):
         return self.cache.main
 
     def prefill(self, tokens: list[int]) -> None:
+        if self.follow is not None:
+            self.follow.prefill(tokens)
         if self._readable(tokens) and self._fits(len(tokens) + 1):
             self.seq.append(tokens[len(self.seq) :])  # the cache may hold a prefix already (a server's reuse)
 
@@ -118,6 +125,7 @@ class ModelDrafter(Drafter):
         t = draft_tree(
             self.cache, committed, k, sampler, rng, max_branches=self.max_branches, p_split=self.p_split,
             p_min=self.p_min, policy=policy, max_nodes=room, vocab=self.vocab,
+            state=self.follow.at(committed) if self.follow is not None else None,
         )  # fmt: skip
         forked = len(t.tips) > 1  # without a fork it is a chain, verified the usual way
         return Draft(
@@ -175,10 +183,11 @@ class Nodes:
 def draft_tree(
     cache: Branches, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator, *,
     max_branches: int = 1, p_split: float = 1.0, p_min: float = 0.0, policy: DraftPolicy = FIXED,
-    max_nodes: int = 63, vocab: int | None = None,
+    max_nodes: int = 63, vocab: int | None = None, state: State | None = None,
 ) -> Nodes:  # fmt: skip
     """Draft a tree at most k deep, with at most max_branches branches (1: a chain) and max_nodes nodes,
-    of ids below `vocab`; `cache` holds the forks afterwards."""
+    of ids below `vocab`, each allowed by the grammar from `state` on (None: unconstrained); `cache` holds
+    the forks afterwards."""
     if k <= 0:
         return Nodes(tips=[-1])
     ctx = cache.main.ctx
@@ -188,26 +197,33 @@ def draft_tree(
     seqs = {0: cache.main}  # where each branch decodes: a recurrent chain's goes on in a copy (below)
     tree = Nodes(tips=[-1])
     active = [0]
+    states = {0: state}  # each branch's grammar state after its newest token
     for depth in range(k):
         spare = max_nodes - len(tree.tokens) - len(active)  # nodes left for forks at this depth
         if spare < 0:  # the verify batch would not fit
             break
         batch: list[tuple[int, int]] = []  # (branch, token) to decode for the next depth
         for b, row in zip(list(active), rows):
-            dist = sampler.dist(row)
+            st = states.get(b)
+            # Sampling draws from the masked row (q); greedy takes the best allowed token, its confidence
+            # (the cost model's predictor) read from the plain row: no whole-vocabulary mask per token.
+            dist = sampler.dist(row if st is None or sampler.greedy else st.mask(row))
             # p-min looks at the most likely token, not the sampled one: a stop that depended on the
             # sampled token would change what a proposal is distributed as (greedy: the same token).
             if dist.max() < p_min:  # the branch stops
                 active.remove(b)
                 continue
-            d = int(dist.argmax()) if sampler.greedy else draw(dist, rng)
+            if sampler.greedy:
+                d = int(dist.argmax()) if st is None else best_allowed(row, st)
+            else:
+                d = draw(dist, rng)
             parent = tree.tips[b]
             tree.tips[b] = tree.add(d, parent, None if sampler.greedy else dist, float(dist[d]), entropy(dist))
             candidates = [(b, d)]
             if len(cache) < max_branches and spare > 0:
                 rest = dist.copy()
                 rest[d] = 0.0
-                r = int(rest.argmax())
+                r = int(rest.argmax()) if st is None or not sampler.greedy else _runner_up(row, d, st)
                 if (
                     rest[r] >= p_split and rest[r] > 0
                     and policy.fork_pays([tree.confidence[i] for i in tree.path(parent)], float(rest[r]), k - depth,
@@ -223,6 +239,8 @@ def draft_tree(
                     active.append(nb)
                     candidates.append((nb, x))
             for br, t in candidates:
+                if st is not None and not ctx.model.is_eog(t):
+                    states[br] = st.after(t)
                 if ctx.model.is_eog(t):  # nothing after the end of the text can be used
                     active.remove(br)
                 else:
@@ -243,3 +261,10 @@ def draft_tree(
             rows = [out[i][:vocab].copy() for i in range(len(batch))]
         active = [br for br, _ in batch]
     return tree
+
+
+def _runner_up(row: np.ndarray, best: int, state: State) -> int:
+    """Greedy: the best token the grammar allows after `best`."""
+    rest = row.copy()
+    rest[best] = -np.inf
+    return best_allowed(rest, state)

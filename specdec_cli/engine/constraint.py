@@ -60,11 +60,14 @@ def greedy_rows(rows: np.ndarray, argmax: np.ndarray, states: list[State | None]
     best = argmax.tolist()
     for i, state in enumerate(states):
         if state is not None and not state.allows(best[i]):
-            best[i] = _best_allowed(rows[i], state)
+            best[i] = best_allowed(rows[i], state)
     return best
 
 
-def _best_allowed(row: np.ndarray, state: State) -> int:
+def best_allowed(row: np.ndarray, state: State) -> int:
+    """The row's best token the grammar allows, the row's best checked first (greedy_rows)."""
+    if state.allows(int(row.argmax())):
+        return int(row.argmax())
     top = np.argpartition(row, -TOP)[-TOP:] if len(row) > TOP else np.arange(len(row))
     top = top[np.lexsort((top, -row[top]))]  # by logit, descending; equal logits by id, as argmax orders them
     ok = np.flatnonzero(state.allowed(top))
@@ -90,3 +93,21 @@ class MaskedProbs:
             row, state = self.rows[i], self.states[i]
             self._done[i] = self.sampler.probs(state.mask(row) if state is not None else row)
         return self._done[i] if rest is None else self._done[i][rest]
+
+
+class Follow:
+    """A grammar's state along the committed text, for a drafter (the engine keeps its own): advanced over each
+    token committed since it was last asked. The grammar applies from the token after the prompt."""
+
+    def __init__(self, start: State):
+        self.state, self.seen = start, 0
+
+    def prefill(self, tokens: list[int]) -> None:
+        """The prompt but its last token (a drafter's prefill)."""
+        self.seen = len(tokens) + 1
+
+    def at(self, committed: list[int]) -> State:
+        for t in committed[self.seen :]:
+            self.state = self.state.after(t)
+        self.seen = max(self.seen, len(committed))
+        return self.state
