@@ -282,3 +282,29 @@ def test_a_line_is_read_as_serve_reads_its_body():
     ]:
         line = batch_requests.parse_line(1, json.dumps(bad))
         assert line.request is None and message in line.error.message, bad
+
+
+def test_json_schema_on_the_command_line_constrains_every_request_but_its_own_response_format(models, tmp_path):
+    """`specdec batch --json-schema S`: S is every request's default, as in generate; a body's own
+    response_format wins. Without the option the same requests come back unconstrained (another text)."""
+    mood = {"type": "object", "properties": {"mood": {"enum": ["calm", "busy"]}}, "required": ["mood"]}
+    answer = {"enum": ["yes", "no"]}
+    own = {"type": "json_schema", "json_schema": {"name": "answer", "schema": answer}}
+    lines = [chat_line("default", "hello there", max_tokens=40), chat_line("own", "hello there", max_tokens=40,
+                                                                           response_format=own)]  # fmt: skip
+    requests, out = write_lines(tmp_path / "requests.jsonl", lines), tmp_path / "results.jsonl"
+    r = specdec("batch", requests, "-o", out, "--json-schema", json.dumps(mood), *pair_args(models))
+    assert r.returncode == 0, r.stderr
+    got = {x["custom_id"]: text_of(x) for x in read_results(out)}
+
+    def generate(schema: dict | None) -> str:
+        g = specdec("generate", "--json", "-n", "40", *pair_args(models), "hello there",
+                    *(["--json-schema", json.dumps(schema)] if schema else []))  # fmt: skip
+        assert g.returncode == 0, g.stderr
+        return json.loads(g.stdout)["text"]
+
+    assert got == {"default": generate(mood), "own": generate(answer)}
+    assert got["default"].lstrip().startswith("{") and got["own"].lstrip().startswith('"')
+    free = tmp_path / "free.jsonl"
+    assert specdec("batch", requests, "-o", free, *pair_args(models)).returncode == 0
+    assert text_of(read_results(free)[0]) == generate(None) != got["default"]

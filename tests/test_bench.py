@@ -287,3 +287,25 @@ def test_exact_both_runs_each_configuration_in_both_modes_side_by_side(capsys, m
     assert doc["settings"]["exact"] == [False, True] and "cost_curve_exact" in doc
     assert "vs fast" in out and "(exact)" in out
     assert {row["exact"] for row in rows} == {"True", "False"}  # the CSV has the column too
+
+
+def test_the_category_table_turns_to_a_row_per_category_when_there_are_many():
+    """A schema each (scripts/structured.jsonl): twelve categories read down, not across."""
+    from rich.console import Console
+
+    from specdec_cli.ui.bench import _category_table
+
+    def rows(n: int) -> list[dict]:
+        return [
+            {"drafter": d, "draft_tokens": None, "branches": 1, "temp": 0.0, "category": f"schema-{i}", "speedup": 1.0 + i / 100}
+            for d in ("none", "auto") for i in range(n)
+        ]  # fmt: skip
+
+    def text(n: int) -> str:
+        console = Console(width=200, record=True)
+        console.print(_category_table(rows(n), [f"schema-{i}" for i in range(n)]))
+        return console.export_text()
+
+    many, few = text(12), text(3)
+    assert len(many.splitlines()) > 12 and "schema-11" in many and "1.11x" in many
+    assert len(few.splitlines()) < 10 and all(f"schema-{i}" in few.splitlines()[2] for i in range(3))

@@ -40,6 +40,7 @@ SOURCE_PRIORS = {
     # What a grammar forces (drafting/forced.py), by how its token was chosen (forced.SURE .. END): the grammar
     # is sure (the model may split it otherwise); optional whitespace as the answer wrote it after the same
     # character every time before, after its one time before, a guess; the end where the grammar may end.
+    # A value copied from the prompt, and its end there (forced.VALUE, CLOSE): about even, learned.
     "grammar": (0.95, 0.92, 0.75, 0.4, 0.7, 0.5, 0.5, 0.5, 0.5, 0.5),
 }
 HOT_PRIOR = 0.3  # a token at a likely edit point (lookup.Candidate.hot)
@@ -135,6 +136,8 @@ class AutoDrafter(Drafter):
         cheaper: plain decoding, then lookup."""
         offers = self.lookup.candidates(committed, k) if self.lookup is not None and k > 0 else []
         forced = self.forced.candidate(committed, k) if self.forced is not None and k > 0 else None
+        if forced is None and offers and self.forced is not None:  # inside a value: a copy of it, then its end
+            forced = self.forced.closed(committed, offers[0], k)
         if forced is not None:  # first: where it and a copy agree, the trie keeps the grammar's chance
             offers = [forced, *(c for c in offers if c.tokens != forced.tokens)]
         best, draft = rate(1.0, 0.0, self.costs, 0), replace(EMPTY, predicted=1.0)  # plain decoding

@@ -109,19 +109,7 @@ def show_bench(
     out.print(_bench_table(rows))
     categories = sorted({r["category"] for r in rows} - {"all"})
     if len(categories) > 1:
-        table = Table(title="speed-up by category", title_justify="left")
-        table.add_column("configuration")
-        for cat in categories:
-            table.add_column(cat, justify="right")
-        configs = []
-        for r in rows:
-            key = (_label(r), r["temp"])
-            if key not in configs:
-                configs.append(key)
-        for key in configs:
-            cells = {r["category"]: r["speedup"] for r in rows if (_label(r), r["temp"]) == key}
-            table.add_row(f"{key[0]} temp {key[1]:g}", *(f"{cells[c]:.2f}x" if c in cells else "-" for c in categories))
-        out.print(table)
+        out.print(_category_table(rows, categories))
     out.print(_chart(rows))
     gaps = [r for r in rows if r["category"] == "all" and r["model_gap"]]
     for r in gaps:
@@ -158,3 +146,28 @@ def _chart(rows: list[dict]) -> Text:
 def _label(r: dict, k_for_auto: bool = False) -> str:
     """A bench row's configuration in words (the JSON rows of older runs have no "branches" or "exact")."""
     return label(r["drafter"], r["draft_tokens"], r.get("branches", 1), k_for_auto, r.get("exact", False))
+
+
+def _category_table(rows: list[dict], categories: list[str]) -> Table:
+    """Speed-up per configuration and category: a column per category, or, with many (a schema each), a row
+    per category and a column per configuration."""
+    configs: list[tuple[str, float]] = []
+    for r in rows:
+        if (_label(r), r["temp"]) not in configs:
+            configs.append((_label(r), r["temp"]))
+    cells = {(_label(r), r["temp"], r["category"]): f"{r['speedup']:.2f}x" for r in rows}
+    names = [f"{label} temp {temp:g}" for label, temp in configs]
+    table = Table(title="speed-up by category", title_justify="left")
+    if len(categories) > 6:
+        table.add_column("category")
+        for name in names:
+            table.add_column(name, justify="right")
+        for cat in categories:
+            table.add_row(cat, *(cells.get((*key, cat), "-") for key in configs))
+        return table
+    table.add_column("configuration")
+    for cat in categories:
+        table.add_column(cat, justify="right")
+    for name, key in zip(names, configs):
+        table.add_row(name, *(cells.get((*key, cat), "-") for cat in categories))
+    return table
