@@ -4,6 +4,7 @@ at the first token the grammar rejects; bad schemas and grammars are one line be
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -223,3 +224,49 @@ def test_what_the_grammar_forces_is_drafted_and_accepted(models, frozen_costs):
         tokens, stats, _ = run_engine(s, "hello")
     assert tokens == plain
     assert stats.by_drafter["lookup"].accepted >= 20 and stats.rounds < alone.rounds / 2
+
+
+def forced_for(s, gbnf: str):
+    from specdec_cli.drafting.forced import Forced
+
+    tokenize = functools.partial(s.target.tokenize, special=False)
+    return Forced(Grammar(s.target, gbnf).start(), tokenize, s.target.piece), tokenize
+
+
+def test_a_value_copied_from_the_prompt_is_closed_where_its_source_breaks_off(models):
+    """Inside a value the grammar forces nothing; a copy of it from the prompt is drafted up to where its
+    source breaks off (a comma there), then the value's end and what the grammar forces after it."""
+    from specdec_cli.drafting.forced import CLOSE, END, VALUE
+    from specdec_cli.drafting.lookup import Candidate
+
+    with open_session(config(models, None, drafter="none", lookup_cache=False)) as s:
+        forced, tokenize = forced_for(s, 'root ::= "{\\"name\\":\\"" [a-z]+ "\\",\\"done\\":true}"')
+        prompt = s.prompt_tokens("hello")
+        forced.prefill(prompt[:-1])
+        committed = prompt + tokenize('{"name":"ze')  # (no spaces: this tokenizer writes them as U+2581)
+        assert forced.candidate(committed, 30) is None  # free text: nothing forced
+        copy = Candidate(tokenize("bra,theonewithstripes"), "copy", 3)
+        c = forced.closed(committed, copy, 30)
+        assert b"".join(s.target.piece(t) for t in c.tokens[:-1]) == b'bra","done":true}'
+        assert c.at[:3] == (VALUE,) * 3 and c.at[3] == CLOSE  # (a byte vocabulary: a token a character)
+        assert s.target.is_eog(c.tokens[-1]) and c.at[-1] == END  # the grammar ends there: so may the text
+
+
+def test_optional_whitespace_follows_the_answers_habit_and_says_how_steady_it_is(models):
+    """Where whitespace is optional, what the answer wrote after the same character before (after a number:
+    after the numbers before), how steadily: once, a habit; every time of several, steady; '{' never met
+    before: JSON's common style (no whitespace), a guess. (Newlines: this tokenizer writes spaces as U+2581.)"""
+    from specdec_cli.drafting.forced import GUESS, HABIT, STEADY, SURE
+
+    gbnf = r'root ::= "{" ws "\"a\"" ws ":" ws [0-9] ws "," ws "\"b\"" ws ":" ws [0-9] ws "," ws "\"c\"" ws ":" ws [0-9] ws "}"' + "\nws ::= [\\n]?"
+    with open_session(config(models, None, drafter="none", lookup_cache=False)) as s:
+        forced, tokenize = forced_for(s, gbnf)
+        prompt = s.prompt_tokens("hello")
+        forced.prefill(prompt[:-1])
+        c = forced.candidate(prompt + tokenize("{"), 30)  # '{': no habit yet, the style's none
+        assert bytes(s.target.piece(c.tokens[0])) == b'"' and c.at[0] == GUESS
+        c = forced.candidate(prompt + tokenize('{"a":1,\n"b":2'), 30)
+        text = b"".join(s.target.piece(t) for t in c.tokens)
+        assert text == b',\n"c":' and c.at[:3] == (HABIT, HABIT, SURE)  # after a number, after a comma
+        c = forced.candidate(prompt + tokenize('{"a":1,\n"b":2,\n"c":3'), 30)
+        assert b"".join(s.target.piece(t) for t in c.tokens[:-1]) == b"}" and c.at[0] == STEADY  # twice so

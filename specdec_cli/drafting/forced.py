@@ -152,9 +152,14 @@ class Forced:
         for none, the majority; how steadily)."""
         if not text:
             return "", GUESS
-        after = [text[i + 1] if text[i + 1] in WHITESPACE else "" for i, c in enumerate(text[:-1]) if c == text[-1]]
+        last = text[-1]
+        if last.isdigit():  # after a number: what followed the ends of the numbers before (any digit)
+            ends = [i for i, c in enumerate(text[:-1]) if c.isdigit() and not (text[i + 1].isdigit() or text[i + 1] in ".eE")]
+        else:
+            ends = [i for i, c in enumerate(text[:-1]) if c == last]
+        after = [text[i + 1] if text[i + 1] in WHITESPACE else "" for i in ends]
         if not after:
-            return STYLE.get(text[-1], ""), GUESS
+            return STYLE.get(last, ""), GUESS
         top = max(set(after), key=after.count)
         steady = after.count(top) == len(after)
         return top, (STEADY if len(after) > 1 else HABIT) if steady else GUESS
