@@ -233,25 +233,6 @@ def forced_for(s, gbnf: str):
     return Forced(Grammar(s.target, gbnf).start(), tokenize, s.target.piece), tokenize
 
 
-def test_a_value_copied_from_the_prompt_is_closed_where_its_source_breaks_off(models):
-    """Inside a value the grammar forces nothing; a copy of it from the prompt is drafted up to where its
-    source breaks off (a comma there), then the value's end and what the grammar forces after it."""
-    from specdec_cli.drafting.forced import CLOSE, END, VALUE
-    from specdec_cli.drafting.lookup import Candidate
-
-    with open_session(config(models, None, drafter="none", lookup_cache=False)) as s:
-        forced, tokenize = forced_for(s, 'root ::= "{\\"name\\":\\"" [a-z]+ "\\",\\"done\\":true}"')
-        prompt = s.prompt_tokens("hello")
-        forced.prefill(prompt[:-1])
-        committed = prompt + tokenize('{"name":"ze')  # (no spaces: this tokenizer writes them as U+2581)
-        assert forced.candidate(committed, 30) is None  # free text: nothing forced
-        copy = Candidate(tokenize("bra,theonewithstripes"), "copy", 3)
-        c = forced.closed(committed, copy, 30)
-        assert b"".join(s.target.piece(t) for t in c.tokens[:-1]) == b'bra","done":true}'
-        assert c.at[:3] == (VALUE,) * 3 and c.at[3] == CLOSE  # (a byte vocabulary: a token a character)
-        assert s.target.is_eog(c.tokens[-1]) and c.at[-1] == END  # the grammar ends there: so may the text
-
-
 def test_optional_whitespace_follows_the_answers_habit_and_says_how_steady_it_is(models):
     """Where whitespace is optional, what the answer wrote after the same character before (after a number:
     after the numbers before), how steadily: once, a habit; every time of several, steady; '{' never met

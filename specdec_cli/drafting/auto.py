@@ -37,12 +37,12 @@ SOURCE_PRIORS = {
     "other": (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55),
     "line": (0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85),
     "cache": (0.05, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.45, 0.55, 0.65),
-    # What a grammar forces (drafting/forced.py), by how its token was chosen (forced.SURE .. END): the grammar
-    # is sure (the model may split it otherwise); optional whitespace as the answer wrote it after the same
-    # character every time before, after its one time before, a guess; the end where the grammar may end.
-    # A value copied from the prompt, and its end there (forced.VALUE, CLOSE): about even, learned.
-    "grammar": (0.95, 0.92, 0.75, 0.4, 0.7, 0.5, 0.5, 0.5, 0.5, 0.5),
 }
+# What a grammar forces (drafting/forced.py), a bucket per kind (forced.SURE .. END): the grammar is sure (the
+# model may split it otherwise); optional whitespace as the answer wrote it after the same character every time
+# before, after its one time before, a guess; the end of the text where the grammar may end.
+GRAMMAR_KINDS = (1, 2, 3, 4, 5)
+GRAMMAR_PRIOR = (0.95, 0.92, 0.75, 0.4, 0.7)
 HOT_PRIOR = 0.3  # a token at a likely edit point (lookup.Candidate.hot)
 CONFIDENCE_EDGES = tuple(i / 10 for i in range(10))  # the draft's probability of its token, in tenths
 MODEL_PRIOR = 0.7  # a same-family draft is accepted ~70-90% of the time; explored optimistically (upper bound)
@@ -118,7 +118,7 @@ class AutoDrafter(Drafter):
         # choosing its words (prose, an edit) and copies less; where it was sure, it is most likely copying.
         self.source_accept = {
             (source, sure): Buckets(LOOKUP_EDGES, prior) for source, prior in SOURCE_PRIORS.items() for sure in (0, 1)
-        }
+        } | {("grammar", sure): Buckets(GRAMMAR_KINDS, GRAMMAR_PRIOR) for sure in (0, 1)}
         self._sure = 1  # the target gave its last token >= 90% (Outcome.sure): lookup's chances are learned apart
         self.hot_rate = Rate(HOT_PRIOR * PRIOR_STRENGTH)
         self.model_accept = Buckets(CONFIDENCE_EDGES, tuple(e + 0.05 for e in CONFIDENCE_EDGES))  # calibrated
@@ -136,8 +136,6 @@ class AutoDrafter(Drafter):
         cheaper: plain decoding, then lookup."""
         offers = self.lookup.candidates(committed, k) if self.lookup is not None and k > 0 else []
         forced = self.forced.candidate(committed, k) if self.forced is not None and k > 0 else None
-        if forced is None and offers and self.forced is not None:  # inside a value: a copy of it, then its end
-            forced = self.forced.closed(committed, offers[0], k)
         if forced is not None:  # first: where it and a copy agree, the trie keeps the grammar's chance
             offers = [forced, *(c for c in offers if c.tokens != forced.tokens)]
         best, draft = rate(1.0, 0.0, self.costs, 0), replace(EMPTY, predicted=1.0)  # plain decoding

@@ -22,15 +22,12 @@ MAX_CHARS = 96  # keys, quotes, separators, closings; free text stops a continua
 WHITESPACE = " \n\t"
 STYLE = {":": " ", ",": " "}  # the first time: JSON's common style (json.dumps), no whitespace elsewhere
 FREE = 32  # a grammar that allows this many characters is at free text (a string's): whitespace there is prose
-# How each token of a continuation was chosen, the bucket auto learns its chance in (auto.SOURCE_PRIORS):
+# How each token of a continuation was chosen, the bucket auto learns its chance in (auto.GRAMMAR_KINDS):
 SURE = 1  # the grammar allows only this (the model may still split it into other tokens)
 STEADY = 2  # optional whitespace, or none, as the answer wrote it after every earlier same character (2+)
 HABIT = 3  # ... as it wrote it after the one earlier same character
 GUESS = 4  # ... the first time the answer meets the choice, or where its habit is mixed: left out, or the majority
 END = 5  # the end of generation, where the grammar is complete and allows only whitespace besides
-VALUE = 6  # a value's text copied from the prompt (Forced.closed)
-CLOSE = 7  # the character that ends that value there
-BREAKS = set(",.;:!?)]}>\n\"'")  # where a copied span of the prompt breaks off, a value likely ends
 
 
 class Forced:
@@ -51,29 +48,8 @@ class Forced:
         """What the grammar forces after the committed text, tokenized as the model would write it."""
         self._sync(committed)
         forced, kinds, end = self._walk(self.state, self.text)
-        tokens, at = self._tokens(committed, self.state, forced, kinds, end, k)
+        tokens, at = self._tokens(committed, forced, kinds, end, k)
         return Candidate(tokens, "grammar", 1, at=tuple(at)) if tokens else None
-
-    def closed(self, committed: list[int], copy: Candidate, k: int) -> Candidate | None:
-        """Inside a value (a string, a number) the grammar forces nothing; where the answer copies the value
-        from the prompt, lookup's copy of it, cut where the grammar rejects it or the source's text breaks
-        off (punctuation), then the value closed and what the grammar forces after it: one draft over the
-        value's end and the next key."""
-        self._sync(committed)
-        tokens, state = [], self.state
-        for t in copy.tokens[: k - 1]:  # (the first may break off at once: the value ends now)
-            if self.piece(t)[:1].decode("utf-8", "replace") in BREAKS or not state.allows(t):
-                break
-            tokens.append(t)
-            state = state.after(t)
-        text = self.text + b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
-        close = self._close(state)
-        if close is None:
-            return None
-        state = state.after(int(self.ids[self.chars.index(close)]))
-        forced, kinds, end = self._walk(state, text + close)
-        rest, at = self._tokens(committed + tokens, self.state, close + forced, [CLOSE, *kinds], end, k - len(tokens))
-        return Candidate(tokens + rest, "grammar", 1, at=(VALUE,) * len(tokens) + tuple(at)) if rest else None
 
     def _sync(self, committed: list[int]) -> None:
         for t in committed[self.seen :]:  # generated under the constraint: each one the grammar allowed
@@ -92,13 +68,10 @@ class Forced:
             state = state.after(int(self.ids[self.chars.index(c)]))
         return forced, kinds, False
 
-    def _tokens(self, committed: list[int], state: Any, forced: str, kinds: list[int], end: bool, k: int):
+    def _tokens(self, committed: list[int], forced: str, kinds: list[int], end: bool, k: int):
         """(`forced` as the model's tokenizer writes it after `committed`, cut where the grammar disagrees, and
-        each token's kind: its least sure character's); the end of generation after it where the grammar may end.
-        `state` is the grammar's after `committed` (self.state advanced over any draft tokens there)."""
-        for t in committed[self.seen :]:
-            state = state.after(t)
-        tokens, at = [], []
+        each token's kind: its least sure character's); the end of generation after it where the grammar may end."""
+        tokens, at, state = [], [], self.state
         for t in self._in_context(committed, forced) if forced else []:
             if len(tokens) >= k or not state.allows(t):
                 break
@@ -111,11 +84,6 @@ class Forced:
             tokens.append(state.eog)
             at.append(END)
         return tokens, at
-
-    def _close(self, state: Any) -> str | None:
-        """The character that ends the value here: a string's quote, else the separator or bracket after it."""
-        allowed = {c for c, ok in zip(self.chars, state.allowed(self.ids)) if ok}
-        return next((c for c in '",}]' if c in allowed), None)
 
     def _in_context(self, committed: list[int], forced: str) -> list[int]:
         """`forced` tokenized after the answer's last tokens, as the model's tokenizer would split the whole
