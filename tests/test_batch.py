@@ -286,12 +286,16 @@ def test_a_line_is_read_as_serve_reads_its_body():
 
 def test_json_schema_on_the_command_line_constrains_every_request_but_its_own_response_format(models, tmp_path):
     """`specdec batch --json-schema S`: S is every request's default, as in generate; a body's own
-    response_format wins. Without the option the same requests come back unconstrained (another text)."""
+    response_format wins ("text": unconstrained). Without the option the first request comes back
+    unconstrained (another text)."""
     mood = {"type": "object", "properties": {"mood": {"enum": ["calm", "busy"]}}, "required": ["mood"]}
     answer = {"enum": ["yes", "no"]}
     own = {"type": "json_schema", "json_schema": {"name": "answer", "schema": answer}}
-    lines = [chat_line("default", "hello there", max_tokens=40), chat_line("own", "hello there", max_tokens=40,
-                                                                           response_format=own)]  # fmt: skip
+    lines = [
+        chat_line("default", "hello there", max_tokens=40),
+        chat_line("own", "hello there", max_tokens=40, response_format=own),
+        chat_line("text", "hello there", max_tokens=40, response_format={"type": "text"}),  # unconstrained
+    ]
     requests, out = write_lines(tmp_path / "requests.jsonl", lines), tmp_path / "results.jsonl"
     r = specdec("batch", requests, "-o", out, "--json-schema", json.dumps(mood), *pair_args(models))
     assert r.returncode == 0, r.stderr
@@ -303,7 +307,7 @@ def test_json_schema_on_the_command_line_constrains_every_request_but_its_own_re
         assert g.returncode == 0, g.stderr
         return json.loads(g.stdout)["text"]
 
-    assert got == {"default": generate(mood), "own": generate(answer)}
+    assert got == {"default": generate(mood), "own": generate(answer), "text": generate(None)}
     assert got["default"].lstrip().startswith("{") and got["own"].lstrip().startswith('"')
     free = tmp_path / "free.jsonl"
     assert specdec("batch", requests, "-o", free, *pair_args(models)).returncode == 0

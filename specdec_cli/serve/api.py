@@ -152,9 +152,8 @@ def parse(kind: str, body: Any) -> Request:
         else:
             value = _number(value, name, integer=options.BY_KEY[key].type is int)
         req.settings[key] = value
-    gbnf = _response_format(body.get("response_format"))
-    if gbnf is not None:
-        req.settings["gbnf"] = gbnf
+    if body.get("response_format") is not None:  # its own: "text" is unconstrained, whatever the server's default
+        req.settings["gbnf"] = _response_format(body["response_format"])
     req.exact = _typed(body, "exact", bool)
     req.cache_prompt = _typed(body, "cache_prompt", bool)
     return req
