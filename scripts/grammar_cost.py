@@ -66,8 +66,10 @@ def main() -> int:
                 tot[3] += spent["masks"]
                 tot[4] += sum(r.emitted for r in rounds)
     for d, (rounds, seconds, gram, masks, emitted) in totals.items():
-        print(f"{d:5} {rounds:5} rounds, {emitted:5} tokens: {seconds / rounds * 1000:6.1f} ms a round, "
-              f"grammar {gram / rounds * 1000:5.2f} ms a round ({gram / seconds:.1%}), whole-row masks {masks}")
+        print(
+            f"{d:5} {rounds:5} rounds, {emitted:5} tokens: {seconds / rounds * 1000:6.1f} ms a round, "
+            f"grammar {gram / rounds * 1000:5.2f} ms a round ({gram / seconds:.1%}), whole-row masks {masks}"
+        )
     return 0
 
 

@@ -131,7 +131,7 @@ def test_greedy_rows_pick_what_argmax_over_the_masked_row_picks():
             st.ok[rng.integers(500)] = True  # never an empty set
         want = [int(st.mask(r).argmax()) for r, st in zip(rows, states)]
         assert greedy_rows(rows, rows.argmax(axis=1), states) == want
-    for trial in range(50):  # the first allowed token ties with tokens outside the row's best 64
+    for _ in range(50):  # the first allowed token ties with tokens outside the row's best 64
         row = np.zeros(500, dtype=np.float32)
         high = rng.choice(500, 60, replace=False)
         row[high] = 5.0  # rejected; the best 64 then end in 4 of the 440 zeros, whichever the partition takes
@@ -239,7 +239,10 @@ def test_optional_whitespace_follows_the_answers_habit_and_says_how_steady_it_is
     before: JSON's common style (no whitespace), a guess. (Newlines: this tokenizer writes spaces as U+2581.)"""
     from specdec_cli.drafting.forced import GUESS, HABIT, STEADY, SURE
 
-    gbnf = r'root ::= "{" ws "\"a\"" ws ":" ws [0-9] ws "," ws "\"b\"" ws ":" ws [0-9] ws "," ws "\"c\"" ws ":" ws [0-9] ws "}"' + "\nws ::= [\\n]?"
+    gbnf = (
+        r'root ::= "{" ws "\"a\"" ws ":" ws [0-9] ws "," ws "\"b\"" ws ":" ws [0-9] ws "," ws "\"c\"" ws ":" ws [0-9] ws "}"'
+        + "\nws ::= [\\n]?"
+    )
     with open_session(config(models, None, drafter="none", lookup_cache=False)) as s:
         forced, tokenize = forced_for(s, gbnf)
         prompt = s.prompt_tokens("hello")

@@ -45,10 +45,8 @@ class Sources:
     def draft_model(self) -> ModelDrafter | None:
         if self.draft is None:
             return None
-        return ModelDrafter(
-            self.draft(), self.p_min, self.branches, self.p_split, self.max_nodes, vocab=self.vocab,
-            grammar=self.grammar() if self.grammar is not None else None,
-        )
+        grammar = self.grammar() if self.grammar is not None else None  # its rows masked as the target's
+        return ModelDrafter(self.draft(), self.p_min, self.branches, self.p_split, self.max_nodes, self.vocab, grammar)
 
     def lookup(self) -> LookupDrafter:
         return LookupDrafter.for_instruction(self.instruction, self.corpus, self.tokenize, self.piece)

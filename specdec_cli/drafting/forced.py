@@ -122,7 +122,11 @@ class Forced:
             return "", GUESS
         last = text[-1]
         if last.isdigit():  # after a number: what followed the ends of the numbers before (any digit)
-            ends = [i for i, c in enumerate(text[:-1]) if c.isdigit() and not (text[i + 1].isdigit() or text[i + 1] in ".eE")]
+            ends = [
+                i
+                for i, c in enumerate(text[:-1])
+                if c.isdigit() and not (text[i + 1].isdigit() or text[i + 1] in ".eE")
+            ]
         else:
             ends = [i for i, c in enumerate(text[:-1]) if c == last]
         after = [text[i + 1] if text[i + 1] in WHITESPACE else "" for i in ends]

@@ -213,10 +213,7 @@ def draft_tree(
             if dist.max() < p_min:  # the branch stops
                 active.remove(b)
                 continue
-            if sampler.greedy:
-                d = int(dist.argmax()) if st is None else best_allowed(row, st)
-            else:
-                d = draw(dist, rng)
+            d = draw(dist, rng) if not sampler.greedy else int(dist.argmax()) if st is None else best_allowed(row, st)
             parent = tree.tips[b]
             tree.tips[b] = tree.add(d, parent, None if sampler.greedy else dist, float(dist[d]), entropy(dist))
             candidates = [(b, d)]
