@@ -59,8 +59,9 @@ class Grammar:
         """`gbnf` was parsed by `check` (or made by the converter): no stderr to catch here, where a server's
         other threads may be writing to it."""
         ptr = L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), ROOT)
-        if not ptr:
-            raise UsageError(f"the grammar does not parse: {native.last_log_error() or 'llama.cpp refused it'}")
+        if not ptr:  # a schema no value satisfies (an empty enum) converts to a grammar that does not parse
+            raise UsageError(f"the grammar does not parse ({native.last_log_error() or 'llama.cpp refused it'}): "
+                             "a JSON Schema that no value satisfies, such as an empty enum, converts to one")  # fmt: skip
         # Any end-of-generation token is allowed exactly where the grammar is complete: one stands for them all.
         eog = next(t for t in (L.llama_vocab_eos(model.vocab), L.llama_vocab_eot(model.vocab), 0) if t >= 0)
         self._start = GrammarState(ptr, model.n_vocab, eog)
