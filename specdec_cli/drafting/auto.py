@@ -40,9 +40,10 @@ SOURCE_PRIORS = {
 }
 # What a grammar forces (drafting/forced.py), a bucket per kind (forced.SURE .. END): the grammar is sure (the
 # model may split it otherwise); optional whitespace as the answer wrote it after the same character every time
-# before, after its one time before, a guess; the end of the text where the grammar may end.
-GRAMMAR_KINDS = (1, 2, 3, 4, 5)
-GRAMMAR_PRIOR = (0.95, 0.92, 0.75, 0.4, 0.7)
+# before, after its one time before, a guess; the end of the text where the grammar may end; the last token
+# before a choice of closing characters (the model may write it merged with the one it chooses).
+GRAMMAR_KINDS = (1, 2, 3, 4, 5, 6)
+GRAMMAR_PRIOR = (0.95, 0.92, 0.75, 0.4, 0.7, 0.5)
 HOT_PRIOR = 0.3  # a token at a likely edit point (lookup.Candidate.hot)
 CONFIDENCE_EDGES = tuple(i / 10 for i in range(10))  # the draft's probability of its token, in tenths
 MODEL_PRIOR = 0.7  # a same-family draft is accepted ~70-90% of the time; explored optimistically (upper bound)

@@ -28,6 +28,9 @@ STEADY = 2  # optional whitespace, or none, as the answer wrote it after every e
 HABIT = 3  # ... as it wrote it after the one earlier same character
 GUESS = 4  # ... the first time the answer meets the choice, or where its habit is mixed: left out, or the majority
 END = 5  # the end of generation, where the grammar is complete and allows only whitespace besides
+TAIL = 6  # the last token before a choice of closing characters, which the model may merge it with
+CHOICE = -1  # (why a continuation stops: a choice of closing characters)
+CLOSING = ",}]"
 
 
 class Forced:
@@ -47,8 +50,8 @@ class Forced:
     def candidate(self, committed: list[int], k: int) -> Candidate | None:
         """What the grammar forces after the committed text, tokenized as the model would write it."""
         self._sync(committed)
-        forced, kinds, end = self._walk(self.state, self.text)
-        tokens, at = self._tokens(committed, forced, kinds, end, k)
+        forced, kinds, stop = self._walk(self.state, self.text)
+        tokens, at = self._tokens(committed, forced, kinds, stop, k)
         return Candidate(tokens, "grammar", 1, at=tuple(at)) if tokens else None
 
     def _sync(self, committed: list[int]) -> None:
@@ -57,20 +60,22 @@ class Forced:
             self.text += self.piece(t).decode("utf-8", "replace")
         self.seen = len(committed)
 
-    def _walk(self, state: Any, text: str) -> tuple[str, list[int], bool]:
-        """(The characters the grammar forces from `state` on, how each was chosen, whether it may end there)."""
+    def _walk(self, state: Any, text: str) -> tuple[str, list[int], int]:
+        """(The characters the grammar forces from `state` on, how each was chosen, why it stopped: END, CHOICE,
+        or 0 at free text)."""
         forced, kinds = "", []
         while len(forced) < MAX_CHARS:
             c, kind = self._next(state, text + forced)
             if c is None:
-                return forced, kinds, kind == END
+                return forced, kinds, kind
             forced, kinds = forced + c, kinds + [kind]
             state = state.after(int(self.ids[self.chars.index(c)]))
-        return forced, kinds, False
+        return forced, kinds, 0
 
-    def _tokens(self, committed: list[int], forced: str, kinds: list[int], end: bool, k: int):
+    def _tokens(self, committed: list[int], forced: str, kinds: list[int], stop: int, k: int):
         """(`forced` as the model's tokenizer writes it after `committed`, cut where the grammar disagrees, and
-        each token's kind: its least sure character's); the end of generation after it where the grammar may end."""
+        each token's kind: its least sure character's); the end of generation after it where the grammar may end.
+        Before a choice of closing characters the last token may merge with the one chosen (`"` + `}`: `"}`)."""
         tokens, at, state = [], [], self.state
         for t in self._in_context(committed, forced) if forced else []:
             if len(tokens) >= k or not state.allows(t):
@@ -80,7 +85,9 @@ class Forced:
             kinds = kinds[span:]
             tokens.append(t)
             state = state.after(t)
-        if end and not kinds and len(tokens) < k and state.complete():
+        if stop == CHOICE and at and not kinds:
+            at[-1] = max(at[-1], TAIL)
+        if stop == END and not kinds and len(tokens) < k and state.complete():
             tokens.append(state.eog)
             at.append(END)
         return tokens, at
@@ -99,8 +106,8 @@ class Forced:
 
     def _next(self, state: Any, text: str) -> tuple[str | None, int]:
         """(The one character the grammar leaves, or optional whitespace as the text's habit has it; how it
-        was chosen). (None, END) where the grammar may end and allows nothing but whitespace besides; (None, 0)
-        where the text is free."""
+        was chosen). (None, END) where the grammar may end and allows nothing but whitespace besides; (None,
+        CHOICE) at a choice of closing characters; (None, 0) where the text is free."""
         allowed = [c for c, ok in zip(self.chars, state.allowed(self.ids)) if ok]
         solid = [c for c in allowed if c not in WHITESPACE]
         if not solid and state.complete():
@@ -110,6 +117,8 @@ class Forced:
         habit, kind = self._habit(text)
         if habit and habit in allowed and len(solid) < FREE:  # e.g. after ':', a value next
             return habit, kind
+        if len(solid) > 1 and set(solid) <= set(CLOSING):
+            return None, CHOICE
         if len(solid) != 1 or not text or state.complete():
             return None, 0
         return solid[0], kind
