@@ -156,13 +156,7 @@ def run_config(settings: dict[str, Any], *, debug: bool = False, model_file: Cal
 def _gbnf(cfg: RunConfig) -> str:
     """The constraint as GBNF, parsed once now: a schema or grammar that cannot work fails before any model loads."""
     gbnf = grammar.from_schema(cfg.json_schema) if cfg.json_schema else grammar.from_file(cfg.grammar)
-    try:
-        grammar.check(gbnf)
-    except UsageError as e:
-        if not cfg.json_schema:
-            raise
-        raise UsageError(f"--json-schema: no value satisfies it, or the converter cannot express it ({e.message})",
-                         hint="an empty enum, for one, leaves nothing to write") from None  # fmt: skip
+    grammar.check(gbnf, schema=bool(cfg.json_schema))
     return gbnf
 
 

@@ -43,10 +43,14 @@ def from_file(path: str) -> str:
     return _file_text(path, "--grammar")
 
 
-def check(gbnf: str) -> None:
-    """Parse the grammar now (no model needed: the vocabulary is used only when tokens are checked)."""
+def check(gbnf: str, schema: bool = False) -> None:
+    """Parse the grammar now (no model needed: the vocabulary is used only when tokens are checked); `schema`:
+    it is the converter's, from a --json-schema, and one that does not parse says what is wrong with that."""
     native.init_backend()
     ptr, why = _init(None, gbnf)
+    if not ptr and schema:  # the converter writes grammars that parse, but for a schema no value satisfies
+        raise UsageError(f"--json-schema: no value satisfies it, or the converter cannot express it "
+                         f"(the grammar does not parse: {why})", hint="an empty enum, for one, leaves nothing to write")  # fmt: skip
     if not ptr:
         raise UsageError(f"the grammar does not parse: {why}", hint="see llama.cpp's grammars/README.md for GBNF")
     L.llama_sampler_free(ptr)

@@ -177,7 +177,7 @@ def _constraint(obj: dict, where: str) -> str | None:
         elif gbnf is not None and not isinstance(gbnf, str):
             raise UsageError(f'"grammar" must be GBNF text, not {json.dumps(gbnf)}')
         if gbnf is not None:
-            grammar.check(gbnf)
+            grammar.check(gbnf, schema=schema is not None)
     except UsageError as e:
         raise UsageError(f"{where}: {e.message}") from None
     return gbnf

@@ -1,21 +1,23 @@
 """Grammar-aware drafts: where a constrained answer's grammar admits one continuation (the rest of a required
 key, a closing quote, the rest of an enum value or a literal), that continuation, as the model's tokenizer
-writes it, is offered to auto as a candidate like lookup's, with its acceptance learned per source.
+writes it, is offered to auto as a candidate like lookup's, each token's chance learned by how it was chosen.
 
 The grammar is asked one character at a time, over the single-character tokens of the vocabulary (one
-grammar pass over ~100 candidates). Optional whitespace is everywhere in JSON grammars: where the only
-choice is whitespace or one other character, the answer's own habit decides (did it put whitespace after
-this character the last time it wrote it?). Offers are only offers: the verification, masked by the
-grammar, decides (engine/constraint.py), so a wrong guess costs speed, never the text.
+grammar pass over ~100 candidates). Optional whitespace is everywhere in JSON grammars: the answer's own
+habit decides (what did it write after this character before?), kept as a table as the text grows, so
+asking costs the same on a long answer as on a short one. Offers are only offers: the verification, masked
+by the grammar, decides (engine/constraint.py), so a wrong guess costs speed, never the text.
 """
 
 from __future__ import annotations
 
 import string
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
 
+from ..engine.constraint import Follow
 from .lookup import Candidate
 
 MAX_CHARS = 96  # keys, quotes, separators, closings; free text stops a continuation long before
@@ -35,48 +37,55 @@ CLOSING = ",}]"
 
 class Forced:
     def __init__(self, start: Any, tokenize: Callable[[str], list[int]], piece: Callable[[int], bytes]):
-        self.state = start  # the grammar's state after the generated text seen so far
+        self.follow = Follow(start)  # the grammar's state after the committed text
         self.tokenize, self.piece = tokenize, piece
         self.prompt = self.seen = 0
-        self.text = ""  # the generated text, for its whitespace habits
+        self.last = ""  # the generated text's last character
+        self.follows: dict[str, Counter] = {}  # per character: what the answer wrote after it (whitespace or "")
         probes = {c: tokenize(c) for c in string.printable if c not in "\r\x0b\x0c"}
-        self.chars = [c for c, t in probes.items() if len(t) == 1]
-        self.ids = np.array([probes[c][0] for c in self.chars], dtype=np.int32)
+        self.ids = {c: t[0] for c, t in probes.items() if len(t) == 1}  # the single-character tokens
+        self.probe = np.array(list(self.ids.values()), dtype=np.int32)
 
     def prefill(self, tokens: list[int]) -> None:
         """The prompt but its last token: the grammar applies from the token after the prompt."""
         self.prompt = self.seen = len(tokens) + 1
+        self.follow.prefill(tokens)
 
     def candidate(self, committed: list[int], k: int) -> Candidate | None:
         """What the grammar forces after the committed text, tokenized as the model would write it."""
-        self._sync(committed)
-        forced, kinds, stop = self._walk(self.state, self.text)
-        tokens, at = self._tokens(committed, forced, kinds, stop, k)
+        for t in committed[self.seen :]:
+            for c in self.piece(t).decode("utf-8", "replace"):
+                self._learn(c)
+        self.seen = len(committed)
+        state = self.follow.at(committed)
+        forced, kinds, stop = self._walk(state, self.last)
+        tokens, at = self._tokens(committed, state, forced, kinds, stop, k)
         return Candidate(tokens, "grammar", 1, at=tuple(at)) if tokens else None
 
-    def _sync(self, committed: list[int]) -> None:
-        for t in committed[self.seen :]:  # generated under the constraint: each one the grammar allowed
-            self.state = self.state.after(t)
-            self.text += self.piece(t).decode("utf-8", "replace")
-        self.seen = len(committed)
+    def _learn(self, c: str) -> None:
+        """The answer wrote `c` after its last character: one more observation of that character's habit."""
+        key = _habit_key(self.last, c) if self.last else None
+        if key is not None:
+            self.follows.setdefault(key, Counter())[c if c in WHITESPACE else ""] += 1
+        self.last = c
 
-    def _walk(self, state: Any, text: str) -> tuple[str, list[int], int]:
+    def _walk(self, state: Any, last: str) -> tuple[str, list[int], int]:
         """(The characters the grammar forces from `state` on, how each was chosen, why it stopped: END, CHOICE,
-        or 0 at free text)."""
+        or 0 at free text). `last`: the text's last character."""
         forced, kinds = "", []
         while len(forced) < MAX_CHARS:
-            c, kind = self._next(state, text + forced)
+            c, kind = self._next(state, last)
             if c is None:
                 return forced, kinds, kind
-            forced, kinds = forced + c, kinds + [kind]
-            state = state.after(int(self.ids[self.chars.index(c)]))
+            forced, kinds, last = forced + c, kinds + [kind], c
+            state = state.after(self.ids[c])
         return forced, kinds, 0
 
-    def _tokens(self, committed: list[int], forced: str, kinds: list[int], stop: int, k: int):
+    def _tokens(self, committed: list[int], state: Any, forced: str, kinds: list[int], stop: int, k: int):
         """(`forced` as the model's tokenizer writes it after `committed`, cut where the grammar disagrees, and
         each token's kind: its least sure character's); the end of generation after it where the grammar may end.
         Before a choice of closing characters the last token may merge with the one chosen (`"` + `}`: `"}`)."""
-        tokens, at, state = [], [], self.state
+        tokens, at = [], []
         for t in self._in_context(committed, forced) if forced else []:
             if len(tokens) >= k or not state.allows(t):
                 break
@@ -104,43 +113,37 @@ class Forced:
                 return tokens[len(last) :]
         return self.tokenize(forced)
 
-    def _next(self, state: Any, text: str) -> tuple[str | None, int]:
+    def _next(self, state: Any, last: str) -> tuple[str | None, int]:
         """(The one character the grammar leaves, or optional whitespace as the text's habit has it; how it
         was chosen). (None, END) where the grammar may end and allows nothing but whitespace besides; (None,
         CHOICE) at a choice of closing characters; (None, 0) where the text is free."""
-        allowed = [c for c, ok in zip(self.chars, state.allowed(self.ids)) if ok]
+        allowed = [c for c, ok in zip(self.ids, state.allowed(self.probe)) if ok]
         solid = [c for c in allowed if c not in WHITESPACE]
         if not solid and state.complete():
             return None, END
         if len(allowed) == 1 and not state.complete():
             return allowed[0], SURE
-        habit, kind = self._habit(text)
+        habit, kind = self._habit(last)
         if habit and habit in allowed and len(solid) < FREE:  # e.g. after ':', a value next
             return habit, kind
         if len(solid) > 1 and set(solid) <= set(CLOSING):
             return None, CHOICE
-        if len(solid) != 1 or not text or state.complete():
+        if len(solid) != 1 or not last or state.complete():
             return None, 0
         return solid[0], kind
 
-    @staticmethod
-    def _habit(text: str) -> tuple[str, int]:
-        """(What the answer wrote after its last character the earlier times: one whitespace character or ""
-        for none, the majority; how steadily)."""
-        if not text:
-            return "", GUESS
-        last = text[-1]
-        if last.isdigit():  # after a number: what followed the ends of the numbers before (any digit)
-            ends = [
-                i
-                for i, c in enumerate(text[:-1])
-                if c.isdigit() and not (text[i + 1].isdigit() or text[i + 1] in ".eE")
-            ]
-        else:
-            ends = [i for i, c in enumerate(text[:-1]) if c == last]
-        after = [text[i + 1] if text[i + 1] in WHITESPACE else "" for i in ends]
-        if not after:
+    def _habit(self, last: str) -> tuple[str, int]:
+        """(What the answer wrote after `last` the earlier times: one whitespace character or "" for none, the
+        majority; how steadily)."""
+        seen = self.follows.get(_habit_key(last, "")) if last else None
+        if not seen:
             return STYLE.get(last, ""), GUESS
-        top = max(set(after), key=after.count)
-        steady = after.count(top) == len(after)
-        return top, (STEADY if len(after) > 1 else HABIT) if steady else GUESS
+        (top, n), total = seen.most_common(1)[0], seen.total()
+        return top, (STEADY if total > 1 else HABIT) if n == total else GUESS
+
+
+def _habit_key(c: str, after: str) -> str | None:
+    """Whose habit `after` shows: `c`'s; after a digit, every number's, and only where a number ended there."""
+    if not c.isdigit():
+        return c
+    return None if after.isdigit() or (after and after in ".eE") else "0"

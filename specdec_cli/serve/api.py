@@ -162,8 +162,6 @@ def parse(kind: str, body: Any) -> Request:
 def _response_format(value: Any) -> str | None:
     """OpenAI's response_format as a grammar (GBNF): text (none), json_object (any JSON object), or
     json_schema ({"json_schema": {"name", "schema", "strict"}}: that schema, by the converter --json-schema uses)."""
-    if value is None:
-        return None
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "text":
         return None
