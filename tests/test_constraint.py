@@ -171,6 +171,7 @@ def test_bad_schemas_and_grammars_are_one_line_before_any_model_loads(tmp_path):
     cases = [
         (("--json-schema", "{not json"), "--json-schema is not valid JSON"),
         (("--json-schema", '{"type": "wat"}'), "--json-schema: the converter cannot express this schema"),
+        (("--json-schema", '{"a":' * 5000 + "1" + "}" * 5000), "--json-schema is nested too deeply to read"),
         (("--json-schema", '{"enum": []}'), "--json-schema: no value satisfies it, or the converter cannot express it"),
         (("--json-schema", tmp_path / "missing.json"), "is not a file nor a JSON object"),
         (("--grammar", bad_gbnf), "the grammar does not parse: Undefined rule identifier 'undefined-rule'"),

@@ -29,8 +29,10 @@ def from_schema(schema: str) -> str:
     text = _file_text(schema, "--json-schema") if not schema.lstrip().startswith("{") else schema
     try:
         parsed = json.loads(text)
-    except (ValueError, RecursionError) as e:
+    except ValueError as e:
         raise UsageError(f"--json-schema is not valid JSON: {e}") from None
+    except RecursionError:
+        raise UsageError("--json-schema is nested too deeply to read") from None
     if not isinstance(parsed, dict):
         raise UsageError("--json-schema must be a JSON object (a schema)")
     try:
