@@ -17,9 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_cli import config
 from specdec_cli.backend import grammar
-from specdec_cli.cli.common import run_config
+from specdec_cli.cli.common import assemble, resolve
 from specdec_cli.engine.events import Round
 from specdec_cli.session import open_session
 
@@ -50,8 +49,9 @@ def main() -> int:
     for name in ("after", "allows", "allowed", "mask", "copy"):
         timed(name)
     prompts = [json.loads(line) for line in a.prompts.read_text().splitlines() if line.strip()]
-    merged = config.resolve({"threads": a.threads}, None, None)
-    cfg = run_config({**merged, "max_tokens": a.max_tokens, "draft_tokens": None, "lookup_cache": False})
+    given = {"threads": a.threads, "max_tokens": a.max_tokens, "draft_tokens": "auto", "lookup_cache": False}
+    cfg = resolve(given, None, None)
+    assemble(cfg)
     with open_session(cfg) as s:
         totals = {d: [0, 0.0, 0.0, 0, 0] for d in a.drafters.split(",")}  # rounds, seconds, grammar, masks, tokens
         for p in prompts:

@@ -1,5 +1,5 @@
 """The one place where a run's settings are decided: command line > environment > config file > built-in
-defaults (`resolve`, then `run_config`), and the config file's named pairs (TOML).
+defaults (`resolve`: the finished RunConfig), and the config file's named pairs (TOML).
 
 Which file: --config FILE, else $SPECDEC_CONFIG, else the user config in the XDG config directory
 (specdec/config.toml) if it exists. Only that one file is read. See models.example.toml.
@@ -17,9 +17,7 @@ from .backend import grammar
 from .errors import SpecdecError, UsageError
 from .outputs import kind_name
 from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR, KNOWN
-from .options import (
-    DRAFT_TOKENS, OPTIONS, PAIR_KEYS, OptionError, RunConfig, default_drafter, default_threads, parse_draft_tokens,
-)  # fmt: skip
+from .options import OPTIONS, PAIR_KEYS, OptionError, RunConfig, parse_draft_tokens
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -99,56 +97,48 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
     return default, pairs
 
 
-def resolve(cli: dict[str, Any], pair: str | None, path: Path | None) -> dict[str, Any]:
-    """Merge settings: values given on the command line (not None) win over the environment's (an option's
-    variable, e.g. $SPECDEC_RPC), which win over the pair's.
+def resolve(
+    cli: dict[str, Any],
+    pair: str | None,
+    path: Path | None,
+    *,
+    debug: bool = False,
+    model_file: Callable[[str], Path] = Path,
+) -> RunConfig:
+    """The run's configuration: values given on the command line (not None) win over the environment's (an
+    option's variable, e.g. $SPECDEC_RPC), which win over the pair's, which win over RunConfig's own (which are
+    what a run gets: auto with a draft, -k the drafter's, every core).
 
     A pair is used when named with --pair, or when the command line names no target (the default pair).
-    Returns the merged keys of PAIR_KEYS; `target`/`draft` are model names or paths. `from_file` maps
-    each key the config file set (and the command line did not) to where it is: for error messages.
-    """
+    `model_file` turns a model reference (a known name or a path) into its file. A value that breaks its
+    option's rule is an error naming where it came from: the flag, or the config file's key."""
     default, pairs = load(path)
     given = {k: v.value if isinstance(v, Enum) else v for k, v in cli.items() if v is not None}
     given |= {o.key: os.environ[o.env] for o in OPTIONS if o.env and o.key not in given and os.environ.get(o.env)}
-    if pair is None and "target" in given:
-        return given
-    name = pair or default
-    if name not in pairs:
-        where = f" in {path}" if path else ""
-        raise SpecdecError(f"unknown pair {name!r}{where}", hint=f"pairs: {', '.join(pairs)}")
-    merged = {**pairs[name], **given}
-    if "draft" in given and "drafter" not in given:
-        merged["drafter"] = default_drafter(True)  # naming a draft on the command line means: use it where it pays
-    merged["pair"] = name
-    if path is not None:
-        merged["from_file"] = {k: (path, f"pairs.{name}.{k}") for k in pairs[name] if k not in given}
-    return merged
-
-
-def run_config(settings: dict[str, Any], *, debug: bool = False, model_file: Callable[[str], Path] = Path) -> RunConfig:
-    """Merged settings (from `resolve`) to a validated RunConfig, the built-in defaults filled in: with a
-    draft the drafter is auto; -k is auto for the auto and lookup drafters (a lookup draft's right length
-    runs from 0 to dozens of tokens, round by round) and DRAFT_TOKENS for the draft model; threads unset or
-    0 are every core. `model_file` turns a model reference (a known name or a path) into its file."""
-    fields = {k: v for k, v in settings.items() if k in RunConfig.__dataclass_fields__}
-    fields["target"] = model_file(settings["target"])
-    draft = settings.get("draft")
-    fields["drafter"] = drafter = settings.get("drafter") or default_drafter(bool(draft))
-    fields["draft"] = model_file(draft) if draft and drafter in ("model", "auto") else None
-    if settings.get("draft_tokens") is None:
-        fields["draft_tokens"] = None if drafter in ("auto", "lookup") else DRAFT_TOKENS
-    else:
+    merged, from_file, name = given, {}, None
+    if pair is not None or "target" not in given:
+        name = pair or default
+        if name not in pairs:
+            where = f" in {path}" if path else ""
+            raise SpecdecError(f"unknown pair {name!r}{where}", hint=f"pairs: {', '.join(pairs)}")
+        merged = {**pairs[name], **given}
+        if "draft" in given and "drafter" not in given:
+            merged.pop("drafter", None)  # a draft named on the command line is used where it pays: the default
+        if path is not None:
+            from_file = {k: (path, f"pairs.{name}.{k}") for k in pairs[name] if k not in given}
+    fields = {k: v for k, v in merged.items() if k in RunConfig.__dataclass_fields__}
+    fields["target"] = model_file(merged["target"])
+    fields["draft"] = model_file(merged["draft"]) if merged.get("draft") else None
+    if "draft_tokens" in fields:
         try:
-            fields["draft_tokens"] = parse_draft_tokens(settings["draft_tokens"])
+            fields["draft_tokens"] = parse_draft_tokens(fields["draft_tokens"])
         except ValueError as e:
             raise UsageError(f"-k/--draft-tokens {e}") from None
-    fields["threads"] = settings.get("threads") or default_threads()
     try:
-        cfg = RunConfig(**fields, debug=debug)
+        cfg = RunConfig(**fields, debug=debug, pair=name, target_name=str(merged["target"]))
     except OptionError as e:
-        where = settings.get("from_file", {}).get(e.key)
-        if where:  # the value came from the config file: say where, not which flag
-            raise ConfigError(*where, e.rule) from None
+        if e.key in from_file:  # the value came from the config file: say where, not which flag
+            raise ConfigError(*from_file[e.key], e.rule) from None
         raise
     return cfg.override(gbnf=_gbnf(cfg)) if cfg.json_schema or cfg.grammar else cfg
 

@@ -13,21 +13,20 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from dataclasses import MISSING, dataclass, field, fields, replace
-from enum import Enum
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
-import typer
-
+from . import drafting
 from .backend.rpc import problem as rpc_problem
-from .drafting import DRAFTERS as _DRAFTERS
+from .declaration import Option, at_least, finite, option, within
+from .drafting import DRAFT_TOKENS, DRAFT_WINDOW, DRAFTERS, NEEDS
+from .drafting.window import MIN_WINDOW
 from .engine.sampling import Sampler
 from .engine.speculative import Settings
 from .errors import UsageError
 
-# --- defaults and limits, one per line -----------------------------------------------------------
-DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
+# --- defaults and limits, one per line (a drafter's own, DRAFT_TOKENS and DRAFT_WINDOW, are drafting's) --------
 MAX_TOKENS = 256  # long enough for a code answer, short enough to come back quickly
 CTX_SIZE = 4096  # unless -c says or the target was trained for less: a page of prompt plus the answer, a small KV cache
 MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve output room for 64
@@ -36,14 +35,6 @@ P_SPLIT = 0.1  # fork where the draft's runner-up has >= 10% (llama.cpp's --draf
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: more threads crash llama.cpp
 MIN_CTX = 16  # below this not even a prompt and one verify batch fit
 AUTO_K_MAX = 31  # -k auto drafts at most this many: verifying 32 tokens costs ~11x one here, 15 often pays more
-DRAFTERS = tuple(_DRAFTERS)  # the drafting package registers them: auto, model, lookup, none
-
-DrafterName = Enum("DrafterName", {d: d for d in DRAFTERS}, type=str)  # the command line's choice
-
-
-def default_drafter(has_draft: bool) -> str:
-    """The drafter when none is named: auto with a draft model (it drafts only where that pays), else none."""
-    return "auto" if has_draft else "none"
 
 
 def default_threads() -> int:
@@ -66,59 +57,6 @@ def parse_draft_tokens(value: int | str | None) -> int | None:
     raise ValueError(f"must be a whole number or 'auto' (got {value!r})")
 
 
-Check = tuple[Callable[[Any], bool], str]  # (ok(value), the rule, with {v} for the value); None passes
-
-
-def finite() -> Check:
-    return math.isfinite, "must be a finite number (got {v})"
-
-
-def at_least(lo: float, why: str = "") -> Check:
-    return (lambda v: v >= lo), f"must be at least {lo} (got {{v}}){why}"
-
-
-def within(lo: float, hi: float, text: str, why: str = "", lo_open: bool = False) -> Check:
-    return (lambda v: (lo < v if lo_open else lo <= v) and v <= hi), f"must be in {text} (got {{v}}){why}"
-
-
-@dataclass(frozen=True)
-class Option:
-    flags: tuple[str, ...]  # on the command line ("-k", "--draft-tokens")
-    type: Any  # the command line's type
-    help: str
-    config: tuple[type, ...] = ()  # the TOML types a pair may set it with; () when a pair cannot
-    checks: tuple[Check, ...] = ()
-    in_json: bool = True  # shown in --json's "config"
-    bounds: tuple[float, float] | None = None  # the range, for `bench`'s comma-separated lists of it
-    env: str | None = None  # an environment variable that sets it when the command line does not
-    key: str = ""  # the RunConfig field (and [pairs.NAME] and --json config key): filled in from the field
-
-    @property
-    def flag(self) -> str:
-        return "/".join(f for f in self.flags if "/" not in f) or self.flags[0].split("/")[0]
-
-    def problem(self, value: Any) -> str | None:
-        """The first rule `value` breaks, or None."""
-        if value is None:
-            return None
-        return next((rule.format(v=value) for ok, rule in self.checks if not ok(value)), None)
-
-    def parameter(self) -> inspect.Parameter:
-        """This option as a Typer parameter: unset (None) unless given, so that config values can fill in."""
-        return inspect.Parameter(
-            self.key, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[self.type],
-            default=typer.Option(None, *self.flags, help=self.help),
-        )  # fmt: skip
-
-
-def option(*flags: str, type: Any, help: str, default: Any = None, default_factory: Any = MISSING, **rest: Any) -> Any:
-    """A RunConfig field declared with its Option (`rest`: Option's other fields); default=MISSING: required."""
-    meta = {"option": Option(flags, type, help, **rest)}
-    if default_factory is not MISSING:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 class OptionError(UsageError):
     """One setting breaks its rule; `key` names the option (and config key)."""
 
@@ -130,7 +68,7 @@ class OptionError(UsageError):
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything a run needs, resolved (config.run_config) and validated here, on every construction and
+    """Everything a run needs, resolved (config.resolve) and validated here, on every construction and
     every `override`."""
 
     target: Path = option(
@@ -143,25 +81,35 @@ class RunConfig:
     draft: Path | None = option(
         "--draft", type=str, help="Draft GGUF: a small model with the same tokenizer.", config=(str,)
     )
-    drafter: str = option(
+    drafter: str = option(  # unset: drafting.default (auto with a draft, else none)
         "--drafter",
-        type=DrafterName,
-        default="none",
-        help="Who drafts: 'auto' (default with a draft: each round plain, lookup or the model, whichever pays), "
-        "'model' (the draft model), 'lookup' (copy from the prompt and text so far) or 'none' (target-only).",
+        type=str,
+        help="Who drafts: " + "; ".join(f"'{d.name}' {d.help}" for d in DRAFTERS.values()) + ".",
         config=(str,),
-        checks=((lambda v: v in DRAFTERS, f"must be one of {', '.join(DRAFTERS)} (got {{v!r}})"),),
+        checks=((lambda v: v in DRAFTERS, "must be one of " + ", ".join(DRAFTERS) + " (got {v!r})"),),
     )
-    draft_tokens: int | None = option(  # None: auto
+    draft_tokens: int | None = option(  # None: auto; unset (...): the drafter's own (Kind.k)
         "-k",
         "--draft-tokens",
         type=str,
-        default=DRAFT_TOKENS,
+        default=...,
         help=f"Tokens drafted per round, or 'auto' to choose every round (up to {AUTO_K_MAX}) "
         f"(auto with --drafter auto or lookup, else {DRAFT_TOKENS}).",
         config=(int, str),
         checks=(at_least(1), (lambda v: v <= MAX_DRAFT_TOKENS, f"must be at most {MAX_DRAFT_TOKENS} (got {{v}})")),
         bounds=(1, MAX_DRAFT_TOKENS),
+    )
+    draft_window: int = option(
+        "--draft-window",
+        type=int,
+        default=DRAFT_WINDOW,
+        help=f"Draft model: the tokens of the text's tail its cache holds, after the first few (the window slides "
+        f"as the answer grows); 0 is the whole text [{DRAFT_WINDOW}; auto may choose less where its prefill would "
+        "not pay].",
+        config=(int,),
+        checks=(
+            (lambda v: v == 0 or v >= MIN_WINDOW, f"must be 0 (the whole text) or at least {MIN_WINDOW} (got {{v}})"),
+        ),
     )
     p_min: float = option(
         "--p-min",
@@ -245,14 +193,14 @@ class RunConfig:
         config=(int,),
         checks=(at_least(MIN_CTX),),
     )
-    threads: int = option(
+    threads: int = option(  # 0: every core (default_threads)
         "-t",
         "--threads",
         type=int,
-        default_factory=default_threads,
-        help="CPU threads; 0 means every core this process may use.",
+        default=0,
+        help="CPU threads; 0 means every core this process may use [0].",
         checks=(
-            at_least(1),
+            at_least(1, "; 0 means every core"),
             (
                 lambda v: v <= MAX_THREADS,
                 f"must be at most {MAX_THREADS}, llama.cpp's limit (got {{v}}; this machine has {os.cpu_count()} cores)",
@@ -324,23 +272,43 @@ class RunConfig:
         in_json=False,
     )
     debug: bool = False  # check the KV caches after every round (--debug, not a run option of its own)
-    gbnf: str | None = None  # the grammar --json-schema or --grammar gives, as GBNF text (config.run_config)
+    gbnf: str | None = None  # the grammar --json-schema or --grammar gives, as GBNF text (config.resolve)
+    pair: str | None = None  # the config's pair the settings came from (None: none was used)
+    target_name: str | None = None  # the target as it was named (a known model's name, or a path)
 
     def __post_init__(self) -> None:
+        """What a run gets where a setting is unset: the drafter from the draft, -k from the drafter, every
+        core; a draft that the drafter never drafts with is not kept. Then every option's rules."""
+        derive = object.__setattr__  # frozen: the unset values become what the run gets, once
+        if self.drafter is None:
+            derive(self, "drafter", drafting.default(self.draft is not None))
+        rule = BY_KEY["drafter"].problem(self.drafter)
+        if rule:
+            raise OptionError("drafter", rule)
+        kind = DRAFTERS[self.drafter]
+        if not kind.uses_model:
+            derive(self, "draft", None)
+        if self.draft_tokens is ...:
+            derive(self, "draft_tokens", kind.k)
+        if self.threads == 0:
+            derive(self, "threads", default_threads())
         for o in OPTIONS:
             rule = o.problem(getattr(self, o.key))
             if rule:
                 raise OptionError(o.key, rule)
         if self.json_schema is not None and self.grammar is not None:
             raise UsageError("--json-schema and --grammar each constrain the answer: give one of them")
-        if self.drafter == "model" and self.draft is None:
-            raise UsageError("--drafter model needs --draft PATH")
-        if self.branches > 1 and not (self.draft is not None and self.drafter in ("model", "auto")):
-            why = f"--drafter {self.drafter}" if self.drafter in ("lookup", "none") else "no --draft given"
+        if kind.model == NEEDS and self.draft is None:
+            raise OptionError("drafter", f"{self.drafter} needs a draft model: --draft PATH")
+        if self.branches > 1 and not (self.draft is not None and kind.trees):
+            why = "no --draft given" if kind.trees else f"--drafter {self.drafter}"
             raise UsageError(f"--branches {self.branches} needs a draft model: only the draft model forks ({why})")
 
     def override(self, **changes: Any) -> RunConfig:
-        """This configuration with some settings changed (a request's, a bench row's), by the same rules."""
+        """This configuration with some settings changed (a request's, a bench row's), by the same rules. -k
+        follows a new drafter where it was the old one's own and is not changed with it."""
+        if "drafter" in changes and "draft_tokens" not in changes and self.draft_tokens == DRAFTERS[self.drafter].k:
+            changes["draft_tokens"] = ...
         return replace(self, **changes) if changes else self
 
     @property
@@ -351,9 +319,15 @@ class RunConfig:
         """The engine's settings for this run (-k auto: drafts of up to AUTO_K_MAX, as auto chooses);
         `constraint`: the grammar's start state, where the run is constrained."""
         return Settings(
-            self.draft_tokens or AUTO_K_MAX, self.max_tokens, self.sampler, self.seed, self.debug,
-            ordered_cells=self.exact, prompt_kernels=prompt_kernels, constraint=constraint,
-        )  # fmt: skip
+            self.draft_tokens or AUTO_K_MAX,
+            self.max_tokens,
+            self.sampler,
+            self.seed,
+            self.debug,
+            ordered_cells=self.exact,
+            prompt_kernels=prompt_kernels,
+            constraint=constraint,
+        )
 
     def as_dict(self) -> dict:
         """The --json "config": every option shown there, paths as strings, -k auto as "auto"."""

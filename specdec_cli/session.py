@@ -6,6 +6,7 @@ import functools
 import platform
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Iterator
 
 import llama_cpp
@@ -16,15 +17,15 @@ from .backend.context import Context
 from .backend.grammar import Grammar
 from .backend.native import Model
 from .drafting import cache as lookup_cache
-from .drafting import cost, curves
-from .drafting.auto import model_may_pay
+from .drafting import cost, curves, measure
 from .drafting.corpus import Corpus
 from .engine import kv
-from .engine.events import Event
+from .engine.events import Event, Prefilled
 from .engine.speculative import generate
 from .errors import SpecdecError, UsageError
+from .fit import check_memory, context_sizes
 from .text import with_text
-from .options import AUTO_K_MAX, CTX_SIZE, MAX_BRANCHES, MAX_DRAFT_TOKENS, MIN_CTX, RunConfig  # noqa: F401 (RunConfig: re-exported)
+from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
 
 
 class PromptTooLong(UsageError):
@@ -32,57 +33,6 @@ class PromptTooLong(UsageError):
 
 
 CACHED = Corpus([])  # Session.generate's default corpus: the lookup cache (a marker, never searched)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory the system can give without swapping (Linux's MemAvailable); None elsewhere."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def context_sizes(requested: int | None, target: Model, draft: Model | None) -> tuple[int, int | None]:
-    """(target's, draft's) context in tokens. -c as given, which no model may be trained for less than: a
-    bigger one only allocates memory that the model cannot use. Unset: the smaller of CTX_SIZE and what the
-    target was trained for, and for the draft the smaller of that and its own (it stops drafting when the
-    text outgrows it: ModelDrafter)."""
-    if requested is not None:
-        for role, m in (("target", target), ("draft", draft)):
-            if m is not None and requested > m.n_ctx_train > 0:
-                raise UsageError(
-                    f"a context of {requested:,} tokens is more than {role} {m.name} was trained for ({m.n_ctx_train:,})",
-                    hint=f"use -c/--ctx-size {m.n_ctx_train} or less, or leave -c out (it then fits the models)",
-                )
-        return requested, requested if draft is not None else None
-
-    def fit(limit: int, m: Model) -> int:
-        return max(min(limit, m.n_ctx_train), MIN_CTX) if m.n_ctx_train > 0 else limit
-
-    n = fit(CTX_SIZE, target)
-    return n, fit(n, draft) if draft is not None else None
-
-
-def check_memory(need: list[tuple[int, int]]) -> None:
-    """KV caches and recurrent states that fit in memory: each (KV bytes, recurrent-state bytes) of a context."""
-    kv, states = sum(k for k, _ in need), sum(r for _, r in need)
-    free = available_memory()
-    if free is not None and kv + states > free:
-        parts = f"{_size(kv)} of KV cache" + (
-            f" and {_size(states)} of recurrent state and its snapshots" if states else ""
-        )
-        raise UsageError(
-            f"the contexts need {parts}, but only {_size(free)} of memory is available",
-            hint="use a smaller -c/--ctx-size" + (" or -k (a snapshot per draft token)" if states else ""),
-        )
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _seqs(model: Model, role: str) -> int:
@@ -94,63 +44,65 @@ def _seqs(model: Model, role: str) -> int:
 class Session:
     """A loaded target (and draft). Use `open_session`; it frees contexts before models."""
 
-    def __init__(self, cfg: RunConfig, stack: ExitStack, max_draft: int | None = None, skip_idle_draft: bool = False):
+    def __init__(self, cfg: RunConfig, stack: ExitStack, max_draft: int | None = None, lazy_draft: bool = False):
         """max_draft: the longest draft a run may send (default: -k, else auto's longest): a recurrent
-        target keeps a snapshot of its state per draft token. skip_idle_draft: a run whose drafter cannot
-        change (generate's; not a server's, whose requests may ask for the draft model) does not load a
-        draft that auto's kept cost curve says can never pay (`draft_idle`)."""
+        target keeps a snapshot of its state per draft token. lazy_draft: load the draft model at its first
+        draft (a one-shot run's, or a batch's: a run that never drafts with it never loads it), not now."""
         self.cfg = cfg
+        self._stack = stack
         t0 = time.perf_counter()
         # --rpc: the target's layers on the servers (and any local GPU, as llama.cpp would); the draft
         # never leaves this machine. None: llama.cpp's default placement, when no server is registered.
         servers = rpc.parse(cfg.rpc) if cfg.rpc else []
         self.where = f"rpc {rpc.label(servers)}" if servers else "local"
-        local = rpc.local_gpus() if servers or rpc.in_use() else None
-        target_devices = rpc.devices(servers) + local if servers else local
+        self._local = rpc.local_gpus() if servers or rpc.in_use() else None
+        target_devices = rpc.devices(servers) + self._local if servers else self._local
         # Exact mode changes how the target computes; the draft's numerics never change the output.
         self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, devices=target_devices))
         self.warnings: list[str] = []  # for the command to show, once
-        self.drafter = self._speculation(cfg)  # the drafter, "none" where the target cannot roll back
-        key = self._curve_key(cfg)
-        kept = curves.load(key, self.warnings.append) if self.drafter != "none" and not cfg.remeasure else None
-        # auto's kept curve may say that auto would never start drafting with the draft model on this machine
-        # (a compute-bound CPU): then a caller that asks is spared loading it.
-        self.draft_idle = bool(skip_idle_draft and cfg.draft and self.drafter == "auto" and kept
-                               and not model_may_pay(cost.Costs(n_max=AUTO_K_MAX + 1, **kept)))  # fmt: skip
-        draft = cfg.draft and self.drafter != "none" and not self.draft_idle
-        self.draft = stack.enter_context(Model(cfg.draft, devices=local)) if draft else None
+        self.drafter = self._speculation(cfg)  # the drafter, plain decoding where the target cannot roll back
+        self.speculates = not drafting.kind(self.drafter).plain
         self._corpus: Corpus | None = None
-        if self.draft is not None:
-            why = vocab.incompatibility(self.target, self.draft)
+        self.draft: Model | None = None  # loaded, with its context, where it first drafts (`draft_context`)
+        self.draft_ctx: Context | None = None
+        # The draft's vocabulary and sizes, read without its weights: whether it pairs, what its cache costs.
+        self._draft_file = cfg.draft if cfg.draft and self.speculates else None
+        info = stack.enter_context(Model(self._draft_file, vocab_only=True)) if self._draft_file else None
+        if info is not None:
+            why = vocab.incompatibility(self.target, info)
             if why:
                 raise SpecdecError(
-                    f"draft {self.draft.name} cannot draft for target {self.target.name}: {why}",
+                    f"draft {info.name} cannot draft for target {self.target.name}: {why}",
                     hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
                 )
-        self.check_branches(cfg.branches)
-        n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, self.draft)
+        self.draft_recurrent = info is not None and info.recurrent
+        self.check_branches(cfg.branches, info)
+        n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, info)
         # The target drops a rejected tail of up to max_draft tokens: a recurrent target keeps that many
         # snapshots of its state (the verify batch of max_draft + 1 tokens holds them all).
         self.max_draft = max_draft or cfg.draft_tokens or AUTO_K_MAX
-        snapshots = self.max_draft if self.drafter != "none" and self.target.rollback == "snapshots" else 0
-        seqs = {m: _seqs(m, role) for m, role in ((self.target, "target"), (self.draft, "draft")) if m is not None}
+        snapshots = self.max_draft if self.speculates and self.target.rollback == "snapshots" else 0
+        seqs = _seqs(self.target, "target")
+        draft_seqs = MAX_BRANCHES if info is not None and not info.recurrent else 2
         check_memory(
-            [(n_ctx * self.target.kv_bytes_per_token(), self.target.state_bytes() * (1 + snapshots) * seqs[self.target])]
-            + ([(draft_n_ctx * self.draft.kv_bytes_per_token(), self.draft.state_bytes() * seqs[self.draft])]
-               if self.draft else [])
-        )  # fmt: skip
+            [(n_ctx * self.target.kv_bytes_per_token(), self.target.state_bytes() * (1 + snapshots) * seqs)]
+            + ([(draft_n_ctx * info.kv_bytes_per_token(), info.state_bytes() * draft_seqs)] if info else [])
+        )
         # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: ModelDrafter caps a tree's nodes
         # at MAX_DRAFT_TOKENS (max_nodes, below).
-        ctx = dict(n_threads=cfg.threads, max_outputs=MAX_DRAFT_TOKENS + 1)
+        self._ctx = dict(n_threads=cfg.threads, max_outputs=MAX_DRAFT_TOKENS + 1)
         self.target_ctx = stack.enter_context(
-            Context(self.target, n_ctx=n_ctx, n_seq=seqs[self.target], snapshots=snapshots, **ctx)
+            Context(self.target, n_ctx=n_ctx, n_seq=seqs, snapshots=snapshots, **self._ctx)
         )
-        self.draft_ctx = (
-            stack.enter_context(Context(self.draft, n_ctx=draft_n_ctx, n_seq=seqs[self.draft], **ctx))
-            if self.draft else None
-        )  # fmt: skip
-        self.curve = cost.Curve(self.target_ctx, self.draft_ctx, AUTO_K_MAX + 1, key=key, kept=kept)
+        self._draft_ctx_args = dict(n_ctx=draft_n_ctx, n_seq=draft_seqs)
+        key = self._curve_key(cfg)
+        kept = curves.load(key, self.warnings.append) if self.speculates and not cfg.remeasure else None
+        draft = self.draft_context if self._draft_file else None
+        self.curve = measure.Curve(self.target_ctx, draft, AUTO_K_MAX + 1, key=key, kept=kept)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
+        # A recurrent draft's state is probed with its weights (memory.rollback): it is loaded now.
+        if self._draft_file and (not lazy_draft or self.draft_recurrent):
+            self.draft_context()
         if servers:
             rpc.watch_connections()  # a server machine that vanishes ends the run instead of hanging it
         if self.target_ctx.other_backends:
@@ -161,14 +113,36 @@ class Session:
             )
         self.load_seconds = time.perf_counter() - t0
 
+    @property
+    def has_draft(self) -> bool:
+        """Whether a draft model serves this session (loaded now, or at its first draft)."""
+        return self._draft_file is not None
+
+    def draft_context(self) -> Context:
+        """The draft model's context, the model loaded on first use (its load time goes to the cost curve)."""
+        if self.draft_ctx is None:
+            t0 = time.perf_counter()
+            self.draft = self._stack.enter_context(Model(self._draft_file, devices=self._local))
+            self.draft_ctx = self._stack.enter_context(Context(self.draft, **self._draft_ctx_args, **self._ctx))
+            self.curve.draft_load = time.perf_counter() - t0
+        return self.draft_ctx
+
     def _curve_key(self, cfg: RunConfig) -> str:
         """What the cost curve depends on: this machine, the model files, threads, kernels, placement, build."""
-        paths = [cfg.target] + ([cfg.draft] if cfg.draft and self.drafter != "none" else [])
+        paths = [cfg.target] + ([self._draft_file] if self._draft_file else [])
         models = [curves.file_identity(path) for path in paths]  # the draft's even where it is not loaded
         return curves.key(
-            {"host": platform.node(), "cpu": cpu.features(), "models": models, "threads": cfg.threads,
-             "exact": cfg.exact, "where": self.where, "llama_cpp": llama_cpp.__version__, "n_max": AUTO_K_MAX + 1}
-        )  # fmt: skip
+            {
+                "host": platform.node(),
+                "cpu": cpu.features(),
+                "models": models,
+                "threads": cfg.threads,
+                "exact": cfg.exact,
+                "where": self.where,
+                "llama_cpp": llama_cpp.__version__,
+                "n_max": AUTO_K_MAX + 1,
+            }
+        )
 
     def _speculation(self, cfg: RunConfig) -> str:
         """The drafter, once the target's cache is known: auto decodes plainly where it cannot roll back."""
@@ -178,15 +152,15 @@ class Session:
                 "and one-token kernels exact mode does not cover",
                 hint="run without --exact (README: Models)",
             )
-        drafter = self._able(cfg.drafter)
+        drafter = self.able(cfg.drafter)
         if drafter != cfg.drafter:
             self.warnings.append(
                 f"{self.target.name} cannot speculate: {self.target.rollback_problem()}; auto decodes it plainly"
             )
         return drafter
 
-    def check_branches(self, branches: int) -> None:
-        recurrent = [m for m in (self.target, self.draft) if m is not None and m.recurrent]
+    def check_branches(self, branches: int, draft: Model | None = None) -> None:
+        recurrent = [m for m in (self.target, draft or self.draft) if m is not None and m.recurrent]
         if branches > 1 and recurrent:
             raise UsageError(
                 f"--branches {branches}: tree drafting forks every branch's state, and {recurrent[0].name} "
@@ -194,15 +168,20 @@ class Session:
                 hint="use --branches 1 (chains speculate on it)",
             )
 
-    def _able(self, drafter: str) -> str:
-        """`drafter` where the target can roll back; elsewhere none for auto, and an error for the others."""
-        problem = drafter != "none" and self.target.rollback_problem()
-        if problem and drafter != "auto":
+    def able(self, drafter: str) -> str:
+        """`drafter` where the target can roll back; elsewhere plain decoding for a drafter that falls back to
+        it (auto), and an error for the others."""
+        kind = drafting.kind(drafter)
+        problem = not kind.plain and self.target.rollback_problem()
+        if problem and not kind.falls_back:
+            plain = drafting.plain()
             raise UsageError(
                 f"--drafter {drafter}: target {self.target.name} cannot speculate: {problem}",
-                hint="use --drafter none (or auto, which decodes it plainly)",
+                hint=f"use --drafter {plain} (or one that decodes it plainly: "
+                + ", ".join(k.name for k in drafting.DRAFTERS.values() if k.falls_back)
+                + ")",
             )
-        return "none" if problem else drafter
+        return drafting.plain() if problem else drafter
 
     @property
     def uses_chat(self) -> bool:
@@ -250,9 +229,14 @@ class Session:
         return tokens
 
     def generate(
-        self, tokens: list[int], *, instruction: str = "", corpus: Corpus | None = CACHED, reuse: bool = False,
+        self,
+        tokens: list[int],
+        *,
+        instruction: str = "",
+        corpus: Corpus | None = CACHED,
+        reuse: bool = False,
         **changes,
-    ) -> Iterator[Event]:  # fmt: skip
+    ) -> Iterator[Event]:
         """Run the engine on prompt tokens. `changes`: settings of this run other than the session's
         (RunConfig.override, checked by the options' rules): a request's, a bench row's; drafter="none"
         decodes target-only even with a draft loaded (like-for-like baselines).
@@ -262,36 +246,51 @@ class Session:
         Prefilled.cached says how much."""
         run = self.cfg.override(**changes)
         self.check_branches(run.branches)
-        name = self._able(run.drafter) if "drafter" in changes else self.drafter
+        name = self.able(run.drafter) if "drafter" in changes else self.drafter
         return self._run(name, run, tokens, instruction, self.lookup_corpus() if corpus is CACHED else corpus, reuse)
 
     def _run(
         self, name: str, run: RunConfig, tokens: list[int], instruction: str, corpus: Corpus | None, reuse: bool
     ) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
-        # as the consumer starts reading: an interruption there is one of the stream's, like any other.
+        # as the consumer starts reading: an interruption there is one of the stream's, like any other. The
+        # user waits for the set-up too: its time is the prefill's (Prefilled.seconds).
+        t0 = time.perf_counter()
         # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
         grammar = Grammar(self.target, run.gbnf) if run.gbnf else None
+        draft = (lambda: self.kept.take(self.draft_context(), tokens, reuse)) if self._draft_file else None
         drafter = drafting.build(
             name,
             drafting.Sources(
-                k=run.draft_tokens, costs=functools.partial(self.curve.get, tokens),
-                draft=functools.partial(self.kept.take, self.draft_ctx, tokens, reuse) if self.draft_ctx else None,
-                p_min=run.p_min, branches=run.branches, p_split=run.p_split, max_nodes=MAX_DRAFT_TOKENS,
-                vocab=self.target.n_vocab, lookup_branches=MAX_BRANCHES if self.target.rollback == "cells" else 1,
-                instruction=instruction, corpus=corpus, tokenize=functools.partial(self.target.tokenize, special=False),
+                k=run.draft_tokens,
+                costs=functools.partial(self.curve.get, tokens),
+                draft=draft,
+                draft_loaded=lambda: self.draft is not None,
+                p_min=run.p_min,
+                branches=run.branches,
+                p_split=run.p_split,
+                max_nodes=MAX_DRAFT_TOKENS,
+                vocab=self.target.n_vocab,
+                window=None if self.draft_recurrent else run.draft_window or None,
+                max_tokens=run.max_tokens,
+                lookup_branches=MAX_BRANCHES if self.target.rollback == "cells" else 1,
+                instruction=instruction,
+                corpus=corpus,
+                tokenize=functools.partial(self.target.tokenize, special=False),
                 grammar=grammar.start if grammar else None,
                 piece=self.target.piece,
             ),
-        )  # fmt: skip
+        )
         main = self.kept.take(self.target_ctx, tokens, reuse)
         # Exact mode's prompt normally goes through the fast kernels (every run of a prompt decodes it
         # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in
         # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
         # reused prefix holds exactly the cells a cold run computes.
         settings = run.settings(prompt_kernels=not reuse, constraint=grammar.start() if grammar else None)
+        setup = time.perf_counter() - t0
         try:
-            yield from with_text(generate(main, drafter, tokens, settings), self.target.piece)
+            events = generate(main, drafter, tokens, settings)
+            yield from with_text(_with_setup(events, setup), self.target.piece)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole
             self.kept.keep()
             raise
@@ -300,7 +299,7 @@ class Session:
 
     def lookup_corpus(self) -> Corpus | None:
         """The lookup cache's answers for this target's vocabulary, loaded once per session (None: off)."""
-        if not self.cfg.lookup_cache or self.drafter not in ("auto", "lookup"):
+        if not self.cfg.lookup_cache or not drafting.kind(self.drafter).lookup:
             return None
         if self._corpus is None:
             self._corpus = Corpus(lookup_cache.load(self.vocab_key, self.warnings.append))
@@ -312,7 +311,7 @@ class Session:
 
     def remember(self, answer: list[int]) -> None:
         """Keep an answer in the lookup cache for later runs (with the cache on, and lookup in use)."""
-        if self.cfg.lookup_cache and self.drafter in ("auto", "lookup"):
+        if self.cfg.lookup_cache and drafting.kind(self.drafter).lookup:
             kept = lookup_cache.save(self.vocab_key, answer)
             # A later run of this session (a server's or a batch's next request) drafts from it too: added to
             # the loaded index, or (past the cache's bound, where the disk evicts old answers) read again.
@@ -327,18 +326,24 @@ class Session:
         return self.curve.adopt(measured) if measured is not None else self.curve.get(tokens)
 
 
+def _with_setup(events: Iterator[Event], seconds: float) -> Iterator[Event]:
+    """The engine's events, the run's set-up before the engine started counted in its prefill."""
+    for event in events:
+        yield replace(event, seconds=event.seconds + seconds) if isinstance(event, Prefilled) else event
+
+
 class open_session:
     """Context manager: `with open_session(cfg) as s: ...`; frees everything on the way out."""
 
-    def __init__(self, cfg: RunConfig, max_draft: int | None = None, skip_idle_draft: bool = False):
+    def __init__(self, cfg: RunConfig, max_draft: int | None = None, lazy_draft: bool = False):
         self.cfg = cfg
         self.max_draft = max_draft
-        self.skip_idle_draft = skip_idle_draft
+        self.lazy_draft = lazy_draft
         self._stack = ExitStack()
 
     def __enter__(self) -> Session:
         try:
-            return Session(self.cfg, self._stack, self.max_draft, self.skip_idle_draft)
+            return Session(self.cfg, self._stack, self.max_draft, self.lazy_draft)
         except BaseException:
             self._stack.close()
             raise

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import write_fixture_set  # noqa: E402
 
 from specdec_cli.drafting import cost as costmodel  # noqa: E402
+from specdec_cli.drafting import measure as measurement  # noqa: E402
 from specdec_cli.models import store  # noqa: E402
 from specdec_cli.models.catalog import GEMMA3, QWEN_DRAFT, QWEN_TARGET, SMOLLM2, KnownModel  # noqa: E402
 from specdec_cli.engine.stats import Stats, collect  # noqa: E402
@@ -156,4 +157,4 @@ def cheap_verification() -> FrozenCosts:
 def frozen_costs(monkeypatch):
     """Sessions opened in the test get `cheap_verification()` instead of this machine's measured costs,
     so that what auto decides is the same on every machine."""
-    monkeypatch.setattr(costmodel, "measure", lambda *args, **kw: cheap_verification())
+    monkeypatch.setattr(measurement, "measure", lambda *args, **kw: cheap_verification())

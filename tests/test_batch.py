@@ -259,7 +259,7 @@ def test_the_lookup_cache_learns_inside_the_batch(models, own_lookup_cache, froz
              for i in (1, 2)]  # fmt: skip
     cfg = config(models, None, drafter="lookup", draft_tokens=None, max_tokens=48, debug=False)
     with open_session(cfg) as session, Results(tmp_path / "out.jsonl", "out.jsonl") as results:
-        service = Service(session, *model_names({"target": str(cfg.target)}, cfg), 0)
+        service = Service(session, *model_names(cfg), 0)
         run(lines, results, service, lambda *a: None, tally := Tally(2))
     first, second = (x["response"]["body"] for x in read_results(tmp_path / "out.jsonl"))
     assert first["choices"][0]["text"] == second["choices"][0]["text"] and tally.done == 2

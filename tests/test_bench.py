@@ -120,7 +120,7 @@ def test_predicted_speedup_arithmetic():
 
 
 def test_the_bench_measures_once_and_auto_starts_from_that_measurement(capsys, models, tmp_path, monkeypatch):
-    from specdec_cli.drafting import auto, cost as costmodel
+    from specdec_cli.drafting import auto, measure as costmodel
 
     calls, seen = [], []
     real_measure, real_init = costmodel.measure, auto.AutoDrafter.__init__
@@ -159,7 +159,7 @@ def test_costs_keep_the_measured_plain_cost_and_catch_up():
 
 def _row(drafter, k, speedup, temp=0.0):
     return {"drafter": drafter, "draft_tokens": k, "temp": temp, "category": "all", "speedup": speedup,
-            "accept_rate": 0.9, "mean_accepted": 3.1}  # fmt: skip
+            "generation_speedup": speedup * 1.1, "accept_rate": 0.9, "mean_accepted": 3.1}  # fmt: skip
 
 
 def test_recommendation_names_the_best_configuration_or_says_why_not():

@@ -15,7 +15,7 @@ from specdec_cli.cli import main
 JSON_STATS = {
     "prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted", "accept_rate", "mean_accepted",
     "per_position_accept", "tokens_per_second", "prefill_seconds", "draft_seconds", "verify_seconds",
-    "wall_seconds", "by_drafter",
+    "wall_seconds", "by_drafter", "ttft_seconds", "wall_tokens_per_second",
 }  # fmt: skip
 
 
@@ -48,6 +48,11 @@ def test_json_has_the_contract_keys(capsys, models):
     s = obj["stats"]
     assert s["accept_rate"] == pytest.approx(s["accepted"] / s["drafted"], abs=1e-4)
     assert len(s["per_position_accept"]) == 3
+    # The whole request: prefill and generation; the first token comes with the first round, after the prefill.
+    assert s["wall_seconds"] == pytest.approx(s["prefill_seconds"] + s["generation_seconds"], abs=2e-4)
+    assert s["wall_tokens_per_second"] == pytest.approx(20 / s["wall_seconds"], rel=1e-2)  # (rounded seconds)
+    assert s["prefill_seconds"] < s["ttft_seconds"] <= s["wall_seconds"]
+    assert s["wall_tokens_per_second"] < s["tokens_per_second"]
 
 
 def test_json_reports_tree_drafting(capsys, models):
@@ -105,8 +110,12 @@ def test_chat_template_is_applied_by_default_when_present(capsys, models):
         (["--target", "{target}", "--top-p", "0"], 2, "--top-p must be in (0, 1]"),
         (["--target", "{target}", "--top-p", "1.5"], 2, "--top-p must be in (0, 1]"),
         (["--target", "{target}", "--min-p", "2"], 2, "--min-p must be in [0, 1]"),
-        (["--target", "{target}", "--drafter", "model"], 2, "--drafter model needs --draft"),
-        (["--target", "{target}", "--drafter", "magic"], 2, "'magic' is not one of"),
+        (["--target", "{target}", "--drafter", "model"], 2, "--drafter model needs a draft model: --draft PATH"),
+        (
+            ["--target", "{target}", "--drafter", "magic"],
+            2,
+            "--drafter must be one of auto, model, lookup, none (got 'magic')",
+        ),
         (["--target", "{target}", "--draft", "{draft}", "--p-min", "1.5"], 2, "--p-min must be in [0, 1]"),
         (["--target", "{target}", "--draft", "{draft}", "--p-min", "-0.1"], 2, "--p-min must be in [0, 1]"),
         (["--target", "{target}", "--branches", "2"], 2, "--branches 2 needs a draft model"),

@@ -10,6 +10,7 @@ import pytest
 from specdec_cli import config
 from specdec_cli.cli import main
 from specdec_cli.errors import SpecdecError
+from specdec_cli.options import RunConfig
 
 EXAMPLE = Path(__file__).parent.parent / "models.example.toml"
 
@@ -28,8 +29,24 @@ def write(tmp_path, text: str, name: str = "c.toml") -> Path:
 
 def test_builtin_default_pair_without_a_file():
     s = config.resolve({"max_tokens": 5}, None, None)
-    assert s["pair"] == "default" and s["target"] == "qwen2.5-coder-1.5b" and s["draft"] == "qwen2.5-coder-0.5b"
-    assert s["max_tokens"] == 5 and "draft_tokens" not in s and "drafter" not in s  # with a draft: auto, k auto
+    assert s.pair == "default" and s.target == Path("qwen2.5-coder-1.5b") and s.draft == Path("qwen2.5-coder-0.5b")
+    assert s.max_tokens == 5 and s.drafter == "auto" and s.draft_tokens is None  # with a draft: auto, k auto
+    assert s.threads >= 1  # what a run gets, not a field default it then changes
+
+
+def test_the_resolved_config_is_what_a_run_gets():
+    """One resolution: the drafter follows the draft, -k the drafter, threads 0 every core; RunConfig's own
+    construction gives the same values as the command line's."""
+    plain = config.resolve({"target": "t.gguf"}, None, None)
+    assert (plain.drafter, plain.draft, plain.draft_tokens) == ("none", None, 4)
+    assert config.resolve({"target": "t.gguf", "draft": "d.gguf"}, None, None) == RunConfig(
+        target=Path("t.gguf"), draft=Path("d.gguf"), target_name="t.gguf"
+    )
+    model = config.resolve({"target": "t.gguf", "draft": "d.gguf", "drafter": "model"}, None, None)
+    assert model.draft_tokens == 4 and model.override(drafter="auto").draft_tokens is None  # -k follows
+    assert model.override(drafter="auto", draft_tokens=6).draft_tokens == 6
+    lookup = config.resolve({"target": "t.gguf", "draft": "d.gguf", "drafter": "lookup"}, None, None)
+    assert lookup.draft is None  # a draft no drafter of the run uses is not kept (nor loaded)
 
 
 def test_example_file_is_valid_and_matches_the_builtins():
@@ -41,17 +58,17 @@ def test_example_file_is_valid_and_matches_the_builtins():
 def test_command_line_beats_file_beats_builtin(tmp_path):
     f = write(tmp_path, "[pairs.default]\ndraft_tokens = 6\ntemp = 0.5\n")
     s = config.resolve({"draft_tokens": None, "temp": 0.9}, None, f)
-    assert s["draft_tokens"] == 6  # file over built-in 3
-    assert s["temp"] == 0.9  # command line over file
-    assert s["target"] == "qwen2.5-coder-1.5b"  # built-in where neither says
+    assert s.draft_tokens == 6  # file over built-in 3
+    assert s.temp == 0.9  # command line over file
+    assert s.target == Path("qwen2.5-coder-1.5b")  # built-in where neither says
 
 
 def test_explicit_target_uses_no_pair_unless_named(tmp_path):
     f = write(tmp_path, 'default_pair = "mine"\n[pairs.mine]\ntarget = "t.gguf"\ndraft_tokens = 7\n')
-    assert config.resolve({"target": "x.gguf"}, None, f) == {"target": "x.gguf"}
+    assert config.resolve({"target": "x.gguf"}, None, f) == RunConfig(target=Path("x.gguf"), target_name="x.gguf")
     s = config.resolve({"draft": "d.gguf"}, "mine", f)
-    assert s["target"] == str(tmp_path / "t.gguf")  # relative to the file
-    assert s["draft"] == "d.gguf" and s["drafter"] == "auto" and s["draft_tokens"] == 7
+    assert s.target == tmp_path / "t.gguf"  # relative to the file
+    assert s.draft == Path("d.gguf") and s.drafter == "auto" and s.draft_tokens == 7 and s.pair == "mine"
 
 
 @pytest.mark.parametrize(

@@ -35,17 +35,16 @@ def test_the_default_is_4096_for_a_model_trained_for_more(capsys, models):
     assert code == 0 and json.loads(out)["config"]["ctx_size"] == CTX_SIZE
 
 
-def test_a_draft_trained_for_less_gets_its_own_context_and_stops_drafting_when_the_text_outgrows_it(models):
-    """Target 4,096 tokens, draft 1,024: past the draft's context the output is still target-only output."""
+def test_a_draft_trained_for_less_gets_its_own_context_and_drafts_on_past_it_in_a_window(models):
+    """Target 4,096 tokens, draft 1,024: past the draft's context its window slides within it (draft_window 0,
+    the whole text, included), and the output is still target-only output."""
     prompt = "abcdefghij" * 99  # 991 tokens: the answer crosses 1,024
-    with open_session(config(models, "short_ctx", ctx_size=None, max_tokens=80)) as s:
-        assert (s.target_ctx.n_ctx, s.draft_ctx.n_ctx) == (CTX_SIZE, 1024)
-        events = list(s.generate(s.prompt_tokens(prompt), draft_tokens=4))
-        notices = [e.message for e in events if isinstance(e, Notice)]
-        drafted = collect(iter(events)).tokens
-        plain = run_engine(s, prompt, drafter="none")[0]
-    assert drafted == plain and len(plain) == 80
-    assert notices == [
-        "draft short_ctx.gguf has a context of 1,024 tokens (as it was trained) and the text outgrew it: "
-        "it no longer drafts; the output is unaffected"
-    ]
+    for size in (512, 0):
+        with open_session(config(models, "short_ctx", ctx_size=None, max_tokens=80, draft_window=size)) as s:
+            assert (s.target_ctx.n_ctx, s.draft_ctx.n_ctx) == (CTX_SIZE, 1024)
+            events = list(s.generate(s.prompt_tokens(prompt), draft_tokens=4))
+            drafted = collect(iter(events))
+            plain = run_engine(s, prompt, drafter="none")[0]
+            assert s.draft_ctx.seq_pos_range(0)[1] < 1024
+        assert drafted.tokens == plain and len(plain) == 80
+        assert not [e for e in events if isinstance(e, Notice)] and drafted.stats.accepted > 40

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from specdec_cli.drafting import cost, curves
+from specdec_cli.drafting import curves, measure
 
 
 def generate(*args: str) -> tuple[dict, str]:
@@ -95,7 +95,7 @@ def test_a_curve_older_than_a_day_is_not_used(own_cost_curves):
 def test_a_kept_curve_that_auto_sees_drift_is_dropped(own_cost_curves):
     measured = dict(verify={1: 0.01, 4: 0.012, 8: 0.02}, draft=0.002, plain=0.01, draft_catch_up=None)
     curves.save("k", measured)
-    curve = cost.Curve(None, None, 8, key="k", kept=curves.load("k", print))
+    curve = measure.Curve(None, None, 8, key="k", kept=curves.load("k", print))
     costs = curve.get([1, 2])
     assert curve.source == "cached" and curve.measurements == 0
     costs.observe_verify(1, 0.012)
@@ -116,8 +116,9 @@ def test_an_unwritable_cache_leaves_the_run_as_it_is(models, tmp_path, monkeypat
     assert os.path.isfile(blocked)
 
 
-def test_generate_does_not_load_a_draft_the_kept_curve_says_auto_would_never_draft_with(models, own_cost_curves):
-    first, _ = generate(*pair(models))  # measures, with the draft loaded
+def test_generate_loads_the_draft_only_where_auto_drafts_with_it(models, own_cost_curves):
+    """The draft model is loaded at its first draft: a run on a kept curve where it cannot pay never loads it."""
+    first, _ = generate(*pair(models))  # measures, which times the draft: loaded
     assert first["config"]["draft_loaded"] is True
     (kept,) = own_cost_curves.glob("*.json")
     good = json.loads(kept.read_text())
@@ -125,13 +126,13 @@ def test_generate_does_not_load_a_draft_the_kept_curve_says_auto_would_never_dra
     # accepted every time cannot pay there.
     steep = {**good, "verify": {str(n): 0.01 * n for n in (1, 2, 4, 8, 16)}, "draft": 0.009, "plain": 0.01}
     kept.write_text(json.dumps(steep))
-    assert not cost.draft_can_pay(cost.Costs({n: 0.01 * n for n in (1, 16)}, 0.009, 32, 0.01), 1.0)
     skipped, _ = generate(*pair(models))
     assert skipped["config"]["draft_loaded"] is False and skipped["stats"]["cost_curve"] == "cached"
     assert skipped["tokens"] == first["tokens"] and "model" not in skipped["stats"]["by_drafter"]
-    flat = {**steep, "verify": {str(n): 0.01 for n in (1, 2, 4, 8, 16)}, "draft": 0.0005}  # a GPU's: it pays
-    kept.write_text(json.dumps(flat))
-    assert generate(*pair(models))[0]["config"]["draft_loaded"] is True
+    flat = {**steep, "verify": {str(n): 0.01 for n in (1, 2, 4, 8, 16)}, "draft": 0.0005, "draft_prefill": 0.0001}
+    kept.write_text(json.dumps(flat))  # a GPU's: the draft pays, and is loaded where it first drafts
+    drafted, _ = generate(*pair(models), "-n", "12")
+    assert drafted["config"]["draft_loaded"] is True and drafted["stats"]["by_drafter"]["model"]["drafted"] > 0
     kept.write_text(json.dumps(steep))
-    model, _ = generate(*pair(models), "--drafter", "model", "-k", "3")  # asked for by name: always loaded
+    model, _ = generate(*pair(models), "--drafter", "model", "-k", "3")  # asked for by name: it drafts
     assert model["config"]["draft_loaded"] is True and model["stats"]["by_drafter"]["model"]["drafted"] > 0

@@ -181,7 +181,7 @@ def test_costs_interpolate_and_learn_online():
 
 
 def test_quick_measurement_times_a_few_sizes_and_the_thorough_one_every_size(open_pair):
-    from specdec_cli.drafting.cost import measure
+    from specdec_cli.drafting.measure import measure
 
     s = open_pair("draft", drafter="auto")
     tokens = s.prompt_tokens("def f(x):")

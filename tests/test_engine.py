@@ -177,8 +177,11 @@ def test_kv_invariant_over_random_rounds(open_pair):
         stream.close()  # the consumer walks away mid-stream
         n = committed_at[stop_after]
         assert s.target_ctx.seq_pos_range(0) == (0, n - 2), trial
-        lo, hi = s.draft_ctx.seq_pos_range(0)
-        assert lo == 0 and hi in (n - 2, n - 3), trial
+        # The draft is fed only before a round it drafts in: once it has, it holds a prefix of the text, at most
+        # all of it but the last token (before that, this run has not touched it).
+        if any(isinstance(e, Round) and e.drafter == "model" for e in reference[: stop_after + 1]):
+            lo, hi = s.draft_ctx.seq_pos_range(0)
+            assert lo == 0 and hi <= n - 2, trial
 
 
 def test_fork_and_rollback_primitives(open_pair):

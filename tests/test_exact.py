@@ -18,7 +18,7 @@ import pytest
 
 from conftest import config, run_engine
 from specdec_cli.backend import context as native_context
-from specdec_cli.backend import cpu, gguf_file
+from specdec_cli.backend import cpu, native
 from specdec_cli.backend.context import Context
 from specdec_cli.backend.native import Model
 from specdec_cli.bench import suite
@@ -87,7 +87,7 @@ def test_f32_fixture_rows_are_bit_exact_in_exact_mode_and_not_without(models):
 def test_without_the_twin_a_lone_token_is_computed_differently(models, monkeypatch):
     """The twin (a lone token decoded beside a copy of itself) is what makes one-row decodes agree
     with batches on a model with sgemm weights: reference kernels alone are not enough."""
-    monkeypatch.setattr(gguf_file, "sgemm_weights", lambda path: [])
+    monkeypatch.setattr(native, "sgemm_weights", lambda path: [])
     with Model(models["target"], exact=True) as m:
         assert any(w > 1 for _, w, _ in differing_rows(m, [1, 2, 3, 8], [250]))
 

@@ -146,9 +146,9 @@ def test_system_with_no_chat_is_a_usage_error(capsys, models):
 
 
 def test_a_context_bigger_than_memory_is_refused_with_the_figure(capsys, models, monkeypatch):
-    import specdec_cli.session as session
+    import specdec_cli.fit as fit
 
-    monkeypatch.setattr(session, "available_memory", lambda: 1 << 20)  # 1 MiB free
+    monkeypatch.setattr(fit, "available_memory", lambda: 1 << 20)  # 1 MiB free
     code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "-c", "8192")
     line = one_line_error(err)
     assert code == 2 and "the contexts need 2.0 MiB of KV cache, but only 1.0 MiB of memory is available" in line

@@ -262,10 +262,10 @@ def test_a_servers_prefix_reuse_keeps_what_the_state_can_keep(models):
 
 def test_the_memory_check_counts_the_snapshots(capsys, models, monkeypatch):
     """lfm2: 1 KiB of state per sequence; 63 snapshots of the target's make 64 KiB, the draft's two 2 KiB."""
-    import specdec_cli.session as session
+    import specdec_cli.fit as fit
     from test_cli import one_line_error, specdec
 
-    monkeypatch.setattr(session, "available_memory", lambda: 100 << 10)  # 100 KiB free
+    monkeypatch.setattr(fit, "available_memory", lambda: 100 << 10)  # 100 KiB free
     args = ["generate", "hi", "--target", str(models["lfm2"]), "--draft", str(models["lfm2_draft"]), "-c", "256"]
     code, _, err = specdec(capsys, *args, "-k", "63")
     assert code == 2, err

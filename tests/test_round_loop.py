@@ -35,6 +35,7 @@ class FakeContext:
 
     n_ctx, n_batch, n_vocab, n_seq = 256, 64, VOCAB, 4
     max_rollback = None  # cells: any tail can go (backend.context.Context)
+    can_shift = True  # and cells can move (a draft's window)
     model = FakeModel()
 
     def __init__(self) -> None:
@@ -63,7 +64,7 @@ class FakeContext:
         yield
 
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
-        del self.cells[seq][max(p0, 0) :]
+        del self.cells[seq][max(p0, 0) : None if p1 < 0 else p1]
         return True
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
@@ -73,6 +74,9 @@ class FakeContext:
         for s in self.cells:
             if s != seq:
                 self.cells[s] = []
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        pass  # a list of ids has no positions to move: removing the middle (seq_rm) already renumbered it
 
     def seq_pos_range(self, seq: int) -> tuple[int, int]:
         n = len(self.cells[seq])

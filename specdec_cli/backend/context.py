@@ -58,14 +58,14 @@ class Context:
     alone returns, bit for bit, whatever the batch around it (on CPU backends): flash attention on
     (without it the attention matmuls are batch-shaped), ggml's reference kernels (ReferenceKernels;
     `prompt_kernels` lifts them for the prompt), and, when the model has sgemm weights
-    (gguf_file.SGEMM_TYPES), no decode of a single row: a lone token gets a twin in a scratch
+    (native.SGEMM_TYPES), no decode of a single row: a lone token gets a twin in a scratch
     sequence, so that every product goes through the same sgemm. Rows then differ only if their KV
     cells are visited in a different order: the engine keeps the target's cells in position order
     (speculative.Settings.ordered_cells)."""
 
     def __init__(
         self, model: Model, *, n_ctx: int, n_threads: int, n_seq: int = 2, max_outputs: int = 64, snapshots: int = 0
-    ):  # fmt: skip
+    ):
         """snapshots: recurrent-state snapshots per sequence (llama.cpp's n_rs_seq), so that a recurrent or
         hybrid cache can drop up to that many tokens of its last decode (`max_rollback`)."""
         self.model = model
@@ -108,6 +108,10 @@ class Context:
         # keeps recurrent-state snapshots of (0: none; a deeper rollback clears the sequence: kv.Sequence).
         self.max_rollback = None if model.rollback == "cells" else L.llama_n_rs_seq(self._ptr)
         self.memory = L.llama_get_memory(self._ptr)
+        # Whether cells may move to other positions: a draft's window slides this way (drafting/window.py). Not
+        # where layers attend over a sliding window of their own: llama.cpp prunes those cells by position.
+        shifts = self.max_rollback is None and model.sliding_window == 0
+        self.can_shift = shifts and bool(L.llama_memory_can_shift(self.memory))
         self._batch = Batch(L.llama_n_batch(self._ptr), n_seq)
         self._reference = ReferenceKernels(self._ptr) if model.exact else None
         # Exact mode: backends that are not the CPU, whose kernels are their own (README: Exact output).
@@ -184,6 +188,9 @@ class Context:
 
     def seq_keep(self, seq: int) -> None:
         L.llama_memory_seq_keep(self.memory, seq)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        L.llama_memory_seq_add(self.memory, seq, p0, p1, delta)
 
     def seq_pos_range(self, seq: int) -> tuple[int, int]:
         """(min, max) position the cache holds for `seq`; (-1, -1) when empty."""

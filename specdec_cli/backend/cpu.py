@@ -22,10 +22,18 @@ ARM_RARE = [("SME", "SME")]
 
 # /proc/cpuinfo's flag (x86 "flags", Arm "Features") for each of ggml's names above.
 CPUINFO_FLAGS = {
-    "avx2": "AVX2", "avx512f": "AVX512", "avx512_vnni": "AVX512_VNNI", "avx_vnni": "AVX_VNNI",
-    "avx512_bf16": "AVX512_BF16", "amx_int8": "AMX_INT8",
-    "asimd": "NEON", "asimddp": "DOTPROD", "i8mm": "MATMUL_INT8", "sve": "SVE", "sme": "SME",
-}  # fmt: skip
+    "avx2": "AVX2",
+    "avx512f": "AVX512",
+    "avx512_vnni": "AVX512_VNNI",
+    "avx_vnni": "AVX_VNNI",
+    "avx512_bf16": "AVX512_BF16",
+    "amx_int8": "AMX_INT8",
+    "asimd": "NEON",
+    "asimddp": "DOTPROD",
+    "i8mm": "MATMUL_INT8",
+    "sve": "SVE",
+    "sme": "SME",
+}
 # Build options, not CPU features.
 NOT_FEATURES = {"LLAMAFILE", "OPENMP", "REPACK", "ACCELERATE", "KLEIDIAI", "SVE_CNT"}
 

@@ -43,15 +43,42 @@ _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
 # ggml type id: (elements per block, bytes per block), as ggml's type traits (ggml/src/ggml.c) say.
 # Ids 4, 5, 31-33 and 36-38 were removed from ggml: llama.cpp refuses them too.
 GGML_TYPES = {
-    0: (1, 4), 1: (1, 2), 30: (1, 2), 28: (1, 8),  # F32, F16, BF16, F64
-    24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8),  # I8, I16, I32, I64
-    2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 36),  # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1
-    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),  # Q2_K..Q8_K
-    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),  # IQ2_XXS IQ2_XS IQ3_XXS IQ1_S IQ4_NL
-    21: (256, 110), 22: (256, 82), 23: (256, 136), 29: (256, 56),  # IQ3_S IQ2_S IQ4_XS IQ1_M
-    34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36),  # TQ1_0 TQ2_0 MXFP4 NVFP4
-    41: (128, 18), 42: (64, 18),  # Q1_0 Q2_0
-}  # fmt: skip
+    0: (1, 4),
+    1: (1, 2),
+    30: (1, 2),
+    28: (1, 8),  # F32, F16, BF16, F64
+    24: (1, 1),
+    25: (1, 2),
+    26: (1, 4),
+    27: (1, 8),  # I8, I16, I32, I64
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
+    8: (32, 34),
+    9: (32, 36),  # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1
+    10: (256, 84),
+    11: (256, 110),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+    15: (256, 292),  # Q2_K..Q8_K
+    16: (256, 66),
+    17: (256, 74),
+    18: (256, 98),
+    19: (256, 50),
+    20: (32, 18),  # IQ2_XXS IQ2_XS IQ3_XXS IQ1_S IQ4_NL
+    21: (256, 110),
+    22: (256, 82),
+    23: (256, 136),
+    29: (256, 56),  # IQ3_S IQ2_S IQ4_XS IQ1_M
+    34: (256, 54),
+    35: (256, 66),
+    39: (32, 17),
+    40: (64, 36),  # TQ1_0 TQ2_0 MXFP4 NVFP4
+    41: (128, 18),
+    42: (64, 18),  # Q1_0 Q2_0
+}
 
 
 class Malformed(Exception):
@@ -364,25 +391,6 @@ def _check_vocab(meta: dict, names: dict) -> None:
 
 
 # --- what exact mode needs to know -------------------------------------------------------------------
-# ggml types that an x86 CPU build multiplies with llamafile's sgemm when a matmul has two or more
-# columns (batch rows), and with ggml's own vec_dot when it has one: the two sum in different orders.
-SGEMM_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 6: "Q5_0", 8: "Q8_0", 20: "IQ4_NL", 30: "BF16"}
-
-
-def sgemm_weights(path: Path) -> list[str]:
-    """The matrices of `path` whose products depend on a batch having one row or more (SGEMM_TYPES).
-    token_embd is only looked up by row (get_rows) unless the model has no output matrix of its own."""
-    tensors = header(path).tensors
-    names = {t.name for t in tensors}
-    return [
-        t.name
-        for t in tensors
-        if sum(d > 1 for d in t.shape) >= 2
-        and t.ggml_type in SGEMM_TYPES
-        and not (t.name == "token_embd.weight" and "output.weight" in names)
-    ]
-
-
 def header(path: Path) -> Header:
     """The header of a file `check` has passed."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:

@@ -51,8 +51,11 @@ def check(gbnf: str, schema: bool = False) -> None:
     native.init_backend()
     ptr, why = _init(None, gbnf)
     if not ptr and schema:  # the converter writes grammars that parse, but for a schema no value satisfies
-        raise UsageError(f"--json-schema: no value satisfies it, or the converter cannot express it "
-                         f"(the grammar does not parse: {why})", hint="an empty enum, for one, leaves nothing to write")  # fmt: skip
+        raise UsageError(
+            f"--json-schema: no value satisfies it, or the converter cannot express it "
+            f"(the grammar does not parse: {why})",
+            hint="an empty enum, for one, leaves nothing to write",
+        )
     if not ptr:
         raise UsageError(f"the grammar does not parse: {why}", hint="see llama.cpp's grammars/README.md for GBNF")
     L.llama_sampler_free(ptr)
@@ -66,8 +69,10 @@ class Grammar:
         other threads may be writing to it."""
         ptr = L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), ROOT)
         if not ptr:  # a schema no value satisfies (an empty enum) converts to a grammar that does not parse
-            raise UsageError(f"the grammar does not parse ({native.last_log_error() or 'llama.cpp refused it'}): "
-                             "a JSON Schema that no value satisfies, such as an empty enum, converts to one")  # fmt: skip
+            raise UsageError(
+                f"the grammar does not parse ({native.last_log_error() or 'llama.cpp refused it'}): "
+                "a JSON Schema that no value satisfies, such as an empty enum, converts to one"
+            )
         # Any end-of-generation token is allowed exactly where the grammar is complete: one stands for them all.
         eog = next(t for t in (L.llama_vocab_eos(model.vocab), L.llama_vocab_eot(model.vocab), 0) if t >= 0)
         self._start = GrammarState(ptr, model.n_vocab, eog)
@@ -145,8 +150,10 @@ def _init(vocab: Any, gbnf: str):
             os.close(saved)
         caught.seek(0)
         lines = [line.strip() for line in caught.read().decode("utf-8", "replace").splitlines() if line.strip()]
-    why = next((line.split("error parsing grammar: ", 1)[1] for line in lines if "error parsing grammar: " in line),
-               lines[0] if lines else native.last_log_error() or "llama.cpp could not parse it")  # fmt: skip
+    why = next(
+        (line.split("error parsing grammar: ", 1)[1] for line in lines if "error parsing grammar: " in line),
+        lines[0] if lines else native.last_log_error() or "llama.cpp could not parse it",
+    )
     return ptr, why + (" the end of the grammar" if why.endswith(" at") else "")
 
 

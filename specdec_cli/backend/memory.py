@@ -49,6 +49,23 @@ def kv_bytes_per_token(model_ptr, meta: Callable[[str], str | None], hybrid: Pat
     return n_layer * n_head_kv * (k_dim + v_dim) * 2
 
 
+def kv_bytes_in_header(path: Path) -> int:
+    """The same, from the GGUF header alone (a model loaded without its weights has no hyperparameters):
+    the widest layer's key-value heads in every attention layer."""
+    h = gguf_file.header(path)
+    meta = h.metadata
+    arch = meta.get("general.architecture")
+    heads = gguf_file.per_layer(meta, f"{arch}.attention.head_count") or [0]
+    if max(heads) <= 0:
+        return 0
+    n_embd = gguf_file.int_value(meta, f"{arch}.embedding_length") or 0
+    k_dim = gguf_file.int_value(meta, f"{arch}.attention.key_length") or n_embd // max(heads)
+    v_dim = gguf_file.int_value(meta, f"{arch}.attention.value_length") or k_dim
+    n_layer = (gguf_file.int_value(meta, f"{arch}.block_count") or 0) - len(recurrent_layers(h))
+    n_head_kv = max(gguf_file.per_layer(meta, f"{arch}.attention.head_count_kv") or heads)
+    return n_layer * n_head_kv * (k_dim + v_dim) * 2
+
+
 def recurrent_layers(h: gguf_file.Header) -> set[int]:
     """The layers that keep a recurrent state (the others, in a hybrid model, attend over KV cells)."""
     return {

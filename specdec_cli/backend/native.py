@@ -98,6 +98,25 @@ def last_log_error() -> str:
     return _LOG_LINES[-1] if _LOG_LINES else ""
 
 
+# ggml types that an x86 CPU build multiplies with llamafile's sgemm when a matmul has two or more
+# columns (batch rows), and with ggml's own vec_dot when it has one: the two sum in different orders.
+SGEMM_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 6: "Q5_0", 8: "Q8_0", 20: "IQ4_NL", 30: "BF16"}
+
+
+def sgemm_weights(path: Path) -> list[str]:
+    """The matrices of `path` whose products depend on a batch having one row or more (SGEMM_TYPES).
+    token_embd is only looked up by row (get_rows) unless the model has no output matrix of its own."""
+    tensors = gguf_file.header(path).tensors
+    names = {t.name for t in tensors}
+    return [
+        t.name
+        for t in tensors
+        if sum(d > 1 for d in t.shape) >= 2
+        and t.ggml_type in SGEMM_TYPES
+        and not (t.name == "token_embd.weight" and "output.weight" in names)
+    ]
+
+
 def _load_error() -> str:
     """llama.cpp's own reason for a failed load. It logs `llama_model_load: error loading model: <why>`,
     then a generic `failed to load model`; when <why> is only "failed to load model from PATH" (a GGUF
@@ -117,12 +136,17 @@ class Model:
     (llama.cpp's default on CPU) are multiplied by one kernel for a single row and by another for
     batches of four and more, which sum in different orders."""
 
-    def __init__(self, path: str | Path, *, exact: bool = False, devices: list[int] | None = None):
+    def __init__(
+        self, path: str | Path, *, exact: bool = False, devices: list[int] | None = None, vocab_only: bool = False
+    ):
+        """vocab_only: its vocabulary and hyperparameters, not its weights (milliseconds: what a model is, and
+        whether it pairs, before deciding to load it); it tokenizes, but makes no context."""
         self.path = gguf_file.check(path)
         init_backend()
         _LOG_LINES.clear()
         params = L.llama_model_default_params()
         params.use_extra_bufts = not exact
+        params.vocab_only = vocab_only
         # devices: where the layers go (ggml_backend_dev_t; [] keeps them on this CPU); None: llama.cpp's
         # default, every GPU and every RPC server this process registered.
         self._devices = None if devices is None else (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
@@ -130,16 +154,21 @@ class Model:
             params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         self.exact = exact
         # Matrices whose product for one row is summed differently than for two or more.
-        self.sgemm_weights = gguf_file.sgemm_weights(self.path) if exact else []
+        self.sgemm_weights = sgemm_weights(self.path) if exact else []
         self._ptr = L.llama_model_load_from_file(os.fsencode(self.path), params)  # any bytes a path may hold
         if not self._ptr:
             raise SpecdecError(
                 f"cannot load model {self.path}: {_load_error() or 'llama.cpp could not load it'}",
                 hint="the file may be truncated or from an unsupported architecture; re-download it",
             )
+        self.vocab_only = vocab_only
         self.vocab = L.llama_model_get_vocab(self._ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
-        self.n_ctx_train = L.llama_model_n_ctx_train(self._ptr)
+        if vocab_only:  # llama.cpp reads no hyperparameters then: the header says
+            meta = gguf_file.header(self.path).metadata
+            self.n_ctx_train = gguf_file.int_value(meta, f"{meta.get('general.architecture')}.context_length") or 0
+        else:
+            self.n_ctx_train = L.llama_model_n_ctx_train(self._ptr)
         self._pieces: dict[int, bytes] = {}
         self._max_token_bytes: int | None = None
 
@@ -202,6 +231,8 @@ class Model:
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one context position takes (F16 keys and values, every attention layer)."""
+        if self.vocab_only:
+            return memory.kv_bytes_in_header(self.path)
         return memory.kv_bytes_per_token(self._ptr, self.meta, self.path if self.recurrent else None)
 
     def chat_template(self) -> str | None:

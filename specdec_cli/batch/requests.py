@@ -92,20 +92,24 @@ def _envelope(obj: dict) -> tuple[str, object]:
         body = {k: v for k, v in obj.items() if k not in LABELS}
         if ("messages" in body) == ("prompt" in body):
             raise api.ApiError(
-                400, 'a request line needs "messages" or "prompt", or OpenAI\'s batch form '
+                400,
+                'a request line needs "messages" or "prompt", or OpenAI\'s batch form '
                 '{"custom_id", "method", "url", "body"}',
-            )  # fmt: skip
+            )
         return ("chat" if "messages" in body else "prompt"), body
     unknown = sorted(set(obj) - set(ENVELOPE), key=str)
     if unknown:
-        raise api.ApiError(400, f"unknown field {unknown[0]!r} in a batch line (it has {', '.join(ENVELOPE)})",
-                           param=unknown[0])  # fmt: skip
+        raise api.ApiError(
+            400, f"unknown field {unknown[0]!r} in a batch line (it has {', '.join(ENVELOPE)})", param=unknown[0]
+        )
     method, url = obj.get("method", "POST"), obj.get("url")
     if method != "POST":
         raise api.ApiError(405, f"method must be POST (got {method!r})", param="method")
     if url not in api.ENDPOINTS:
         raise api.ApiError(
-            404, f"no such endpoint: {url!r} (a batch runs {', '.join(api.ENDPOINTS)})", param="url",
+            404,
+            f"no such endpoint: {url!r} (a batch runs {', '.join(api.ENDPOINTS)})",
+            param="url",
             code="unknown_url",
-        )  # fmt: skip
+        )
     return api.ENDPOINTS[url], obj.get("body")

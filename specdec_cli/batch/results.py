@@ -25,8 +25,12 @@ PREFIX = b'{"id": "batch_req_'  # how every line we write starts (json.dumps kee
 
 def result(custom_id: str, status: int, body: dict) -> dict:
     rid = secrets.token_hex(12)
-    return {"id": f"batch_req_{rid}", "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": rid, "body": body}, "error": None}  # fmt: skip
+    return {
+        "id": f"batch_req_{rid}",
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": rid, "body": body},
+        "error": None,
+    }
 
 
 class Results:
@@ -43,8 +47,9 @@ class Results:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._fd)
-            raise UsageError(f"-o: {shown} is being written by another specdec batch",
-                             hint="wait for it, or choose another -o") from None  # fmt: skip
+            raise UsageError(
+                f"-o: {shown} is being written by another specdec batch", hint="wait for it, or choose another -o"
+            ) from None
         try:
             self.done = self._read()
         except BaseException:

@@ -26,8 +26,8 @@ class Tally:
     failed: list[tuple[Line, ApiError]] = field(default_factory=list)
     prompt_tokens: int = 0
     tokens: int = 0
+    prefill_seconds: float = 0.0
     generation_seconds: float = 0.0
-    decode_seconds: float = 0.0  # of which drafting and verifying (the rest is bookkeeping)
     emitted: int = 0  # tokens the rounds produced: the generated ones and each answer's end-of-generation token
     rounds: dict[str, int] = field(default_factory=dict)  # by drafter ("none": plain rounds)
     drafted: int = 0
@@ -40,8 +40,8 @@ class Tally:
         spec = body["speculative"]
         self.prompt_tokens += spec["prompt_tokens"]
         self.tokens += spec["generated_tokens"]
+        self.prefill_seconds += spec["prefill_seconds"]
         self.generation_seconds += spec["generation_seconds"]
-        self.decode_seconds += spec["draft_seconds"] + spec["verify_seconds"]
         self.drafted += spec["drafted"]
         self.accepted += spec["accepted"]
         for name, part in spec["by_drafter"].items():
@@ -49,15 +49,17 @@ class Tally:
             self.emitted += part["emitted"]
 
     def speedup(self, plain_seconds: float | None) -> float | None:
-        """The time plain decoding would have taken for what the rounds produced (auto's cost of a plain decode,
-        refined as it runs) over the time the rounds spent drafting and verifying it."""
-        if not plain_seconds or not self.decode_seconds:
+        """By wall time: what target-only decoding would have taken, the same prefill and a plain decode per token
+        the rounds produced (auto's cost of one, refined as it runs), over what the requests took."""
+        wall = self.prefill_seconds + self.generation_seconds
+        if not plain_seconds or not wall:
             return None
-        return self.emitted * plain_seconds / self.decode_seconds
+        return (self.prefill_seconds + self.emitted * plain_seconds) / wall
 
 
-def run(lines: list[Line], results: Results, service: Service, on_result: Callable[[Line, int, dict], None],
-        tally: Tally) -> Tally:  # fmt: skip
+def run(
+    lines: list[Line], results: Results, service: Service, on_result: Callable[[Line, int, dict], None], tally: Tally
+) -> Tally:
     """Answer every line that has no result yet. A request refused as serve would refuse it is that line's
     error result; a failure of the machinery (a lost RPC server, a target that writes NaN) ends the batch
     before its line is written, so that running it again retries it. Ctrl-C or SIGTERM stops it between
@@ -89,6 +91,8 @@ def _answer(service: Service, line: Line) -> tuple[int, dict]:
         return 200, service.answer(line.request)
     except ApiError as e:
         if e.status >= 500:  # not the request's fault: stop, and leave it to the next run
-            raise SpecdecError(f"request {line.custom_id!r} (line {line.number}) failed: {e.message}",
-                               hint="the results so far are kept; run the same command again to resume") from None  # fmt: skip
+            raise SpecdecError(
+                f"request {line.custom_id!r} (line {line.number}) failed: {e.message}",
+                hint="the results so far are kept; run the same command again to resume",
+            ) from None
         return e.status, e.body()

@@ -10,6 +10,7 @@ import os
 import platform
 from pathlib import Path
 
+from .. import drafting
 from ..backend.cpu import features as cpu_features
 from ..drafting.cost import Costs, predicted_speedup
 from ..engine.stats import Stats
@@ -20,11 +21,38 @@ MODEL_GAP = 0.10  # predicted and measured speed-ups should agree within ~10%; l
 PAYS = 1.03  # a configuration "pays" from 3% faster than target-only (below that it is noise)
 
 COLUMNS = [
-    "drafter", "draft_tokens", "branches", "temp", "category", "prompts", "generated_tokens", "tokens_per_second",
-    "baseline_tokens_per_second", "speedup", "accept_rate", "per_token_accept", "mean_accepted", "per_position_accept",
-    "draft_share", "verify_share", "predicted_speedup", "model_gap", "identical_to_baseline",
-    "predicted_tokens_per_round", "drafter_rounds", "mean_branches", "branch_wins", "exact", "speedup_vs_fast",
-]  # fmt: skip
+    "drafter",
+    "draft_tokens",
+    "branches",
+    "temp",
+    "category",
+    "prompts",
+    "generated_tokens",
+    "tokens_per_second",
+    "baseline_tokens_per_second",
+    "wall_tokens_per_second",
+    "baseline_wall_tokens_per_second",
+    "speedup",
+    "generation_speedup",
+    "ttft_seconds",
+    "baseline_ttft_seconds",
+    "ttft_ratio",
+    "accept_rate",
+    "per_token_accept",
+    "mean_accepted",
+    "per_position_accept",
+    "draft_share",
+    "verify_share",
+    "predicted_speedup",
+    "model_gap",
+    "identical_to_baseline",
+    "predicted_tokens_per_round",
+    "drafter_rounds",
+    "mean_branches",
+    "branch_wins",
+    "exact",
+    "speedup_vs_fast",
+]
 
 
 def rows_for(result: RowResult, prompts: list[Prompt], costs: Costs) -> list[dict]:
@@ -37,11 +65,13 @@ def rows_for(result: RowResult, prompts: list[Prompt], costs: Costs) -> list[dic
     for category, idx in groups.items():
         mine = Stats.combine([result.runs[i].stats for i in idx])
         base = Stats.combine([result.baseline[i].stats for i in idx])
-        speedup = mine.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
+        # By wall time (prefill and generation: what the user waits for), per token; generation alone beside it.
+        speedup = _ratio(mine.wall_tokens_per_second, base.wall_tokens_per_second)
+        generation = _ratio(mine.tokens_per_second, base.tokens_per_second)
         vs_fast = None
         if result.fast_baseline:  # an exact row beside the fast target-only (interleaved): exact mode's net effect
-            fast = Stats.combine([result.fast_baseline[i].stats for i in idx]).tokens_per_second
-            vs_fast = round(mine.tokens_per_second / fast, 4) if fast else 0.0
+            fast = Stats.combine([result.fast_baseline[i].stats for i in idx]).wall_tokens_per_second
+            vs_fast = round(_ratio(mine.wall_tokens_per_second, fast), 4)
         predicted = _predicted(costs, mine, cfg)
         both = mine.predicted_vs_realised()
         gen = mine.generation_seconds or 1.0
@@ -60,7 +90,13 @@ def rows_for(result: RowResult, prompts: list[Prompt], costs: Costs) -> list[dic
                 "generated_tokens": mine.generated_tokens,
                 "tokens_per_second": round(mine.tokens_per_second, 3),
                 "baseline_tokens_per_second": round(base.tokens_per_second, 3),
+                "wall_tokens_per_second": round(mine.wall_tokens_per_second, 3),
+                "baseline_wall_tokens_per_second": round(base.wall_tokens_per_second, 3),
                 "speedup": round(speedup, 4),
+                "generation_speedup": round(generation, 4),
+                "ttft_seconds": round(mine.ttft_seconds, 4),
+                "baseline_ttft_seconds": round(base.ttft_seconds, 4),
+                "ttft_ratio": round(_ratio(mine.ttft_seconds, base.ttft_seconds), 4),
                 "accept_rate": round(mine.accept_rate, 4),
                 "per_token_accept": round(mine.per_token_accept, 4),
                 "mean_accepted": round(mine.mean_accepted, 4),
@@ -68,7 +104,10 @@ def rows_for(result: RowResult, prompts: list[Prompt], costs: Costs) -> list[dic
                 "draft_share": round(mine.draft_seconds / gen, 4),
                 "verify_share": round(mine.verify_seconds / gen, 4),
                 "predicted_speedup": round(predicted, 4) if predicted is not None else None,
-                "model_gap": bool(predicted is not None and speedup and abs(predicted - speedup) / speedup > MODEL_GAP),
+                # the prediction is of generation alone (the cost model's rounds): against generation_speedup
+                "model_gap": bool(
+                    predicted is not None and generation and abs(predicted - generation) / generation > MODEL_GAP
+                ),
                 "identical_to_baseline": identical,
                 # auto: what the cost model expected per round, against mean_accepted (what came)
                 "predicted_tokens_per_round": round(both[0], 4) if both else None,
@@ -96,13 +135,19 @@ def cost_curve(costs: Costs) -> dict:
     }
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
 def _predicted(costs: Costs, stats: Stats, cfg) -> float | None:
-    """Leviathan's speed-up with the measured costs, for a fixed draft length (auto predicts per round)."""
-    if cfg.is_baseline:
+    """Leviathan's speed-up of generation with the measured costs, for a fixed draft length (a drafter that
+    chooses its own predicts per round)."""
+    kind = drafting.kind(cfg.drafter)
+    if kind.plain:
         return 1.0
-    if cfg.draft_tokens is None or cfg.drafter == "auto" or cfg.branches > 1:
-        return None  # auto predicts per round; a tree's yield is not the chain's geometric series
-    if cfg.drafter == "lookup":  # a lookup draft costs no decode
+    if cfg.draft_tokens is None or kind.chooses_k or cfg.branches > 1 or kind.cost not in ("free", "model"):
+        return None  # chosen per round; a tree's yield is not the chain's geometric series
+    if kind.cost == "free":  # a lookup draft costs no decode
         costs = costs.copy()
         costs.draft, costs.draft_catch_up = 0.0, None
     elif costs.draft is None:
@@ -113,18 +158,20 @@ def _predicted(costs: Costs, stats: Stats, cfg) -> float | None:
 
 
 def recommendation(rows: list[dict], costs: Costs) -> str:
-    overall = [r for r in rows if r["category"] == "all" and r["drafter"] != "none"]
+    overall = [r for r in rows if r["category"] == "all" and not drafting.is_plain(r["drafter"])]
     if not overall:
         return "Only the baseline ran: add --drafters model (with a draft) to see what speculation does here."
     best = max(overall, key=lambda r: r["speedup"])
-    how = f"--drafter {best['drafter']}" + (f" -k {best['draft_tokens']}" if best["drafter"] != "auto" else "")
+    chooses = best["drafter"] in drafting.DRAFTERS and drafting.kind(best["drafter"]).chooses_k
+    how = f"--drafter {best['drafter']}" + (f" -k {best['draft_tokens']}" if not chooses else "")
     how += f" --branches {best['branches']}" if best.get("branches", 1) > 1 else ""
     how += " --exact" if best.get("exact") else ""
     how += f" --temp {best['temp']:g}" if best["temp"] else ""
     if best["speedup"] >= PAYS:
         return (
-            f"Use {how}: {best['speedup']:.2f}x target-only tokens/s on this machine "
-            f"(accept rate {best['accept_rate']:.0%}, {best['mean_accepted']:.2f} tokens per verification)."
+            f"Use {how}: {best['speedup']:.2f}x target-only's speed on this machine by wall time, prefill included "
+            f"({best['generation_speedup']:.2f}x by generation alone; accept rate {best['accept_rate']:.0%}, "
+            f"{best['mean_accepted']:.2f} tokens per verification)."
         )
     k = best["draft_tokens"] if isinstance(best["draft_tokens"], int) else 3
     verify = f"verifying {k + 1} tokens costs {costs.relative(k + 1):.2f}x one"
@@ -173,11 +220,14 @@ def to_csv(rows: list[dict]) -> str:
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({
-            **r, "per_position_accept": " ".join(str(x) for x in r["per_position_accept"]),
-            "drafter_rounds": " ".join(f"{k}:{v}" for k, v in r["drafter_rounds"].items()),
-            "branch_wins": " ".join(str(x) for x in r["branch_wins"]),
-        })  # fmt: skip
+        w.writerow(
+            {
+                **r,
+                "per_position_accept": " ".join(str(x) for x in r["per_position_accept"]),
+                "drafter_rounds": " ".join(f"{k}:{v}" for k, v in r["drafter_rounds"].items()),
+                "branch_wins": " ".join(str(x) for x in r["branch_wins"]),
+            }
+        )
     return buf.getvalue()
 
 
@@ -187,14 +237,15 @@ def to_svg(rows: list[dict]) -> str:
     series: dict[str, list[tuple[int, float]]] = {}
     levels: list[tuple[str, float]] = []
     for r in rows:
-        if r["category"] == "all" and r["drafter"] != "none":
+        if r["category"] == "all" and not drafting.is_plain(r["drafter"]):
             name = (
                 f"{r['drafter']}" + (f" b={r['branches']}" if r.get("branches", 1) > 1 else "") + f" temp {r['temp']:g}"
             )
+            chooses = r["drafter"] in drafting.DRAFTERS and drafting.kind(r["drafter"]).chooses_k
             if isinstance(r["draft_tokens"], int):
                 series.setdefault(name, []).append((r["draft_tokens"], r["speedup"]))
             else:
-                levels.append((f"{name}" + (" k=auto" if r["drafter"] != "auto" else ""), r["speedup"]))
+                levels.append((f"{name}" + (" k=auto" if not chooses else ""), r["speedup"]))
     w, h, m = 560, 340, 50
     ks = sorted({k for pts in series.values() for k, _ in pts}) or [1]
     top = max([1.2] + [s for pts in series.values() for _, s in pts] + [s for _, s in levels]) * 1.1

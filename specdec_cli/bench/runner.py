@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .. import drafting
 from ..drafting.corpus import Corpus
 from ..engine.events import Notice
 from ..engine.stats import Stats, collect
@@ -17,15 +18,15 @@ from .suite import Prompt
 
 @dataclass(frozen=True)
 class Config:
-    drafter: str  # "none" (the baseline) | "model" | "lookup" | "auto"
+    drafter: str  # a drafter's name (drafting.DRAFTERS); the plain one is the baseline
     draft_tokens: int | None  # 0 for the baseline; None: auto, chosen every round
     temp: float
-    branches: int = 1  # tree drafting: at most this many branches per round (model and auto)
+    branches: int = 1  # tree drafting: at most this many branches per round (drafters with trees)
     exact: bool = False  # exact mode (--exact): the target computes every row as it computes a token alone
 
     @property
     def is_baseline(self) -> bool:
-        return self.drafter == "none"
+        return drafting.is_plain(self.drafter)
 
 
 @dataclass(frozen=True)
@@ -50,17 +51,18 @@ def plan(
     modes: list[bool] | tuple[bool, ...] = (False,),
 ) -> list[Config]:
     """The baseline first in each temperature and mode (exact or not), then every drafter at every draft
-    length (None: auto); the auto drafter once, choosing its own lengths. The draft model and auto once
-    per branch count."""
+    length (None: auto); a drafter that chooses its own lengths once. Drafters with trees once per branch
+    count."""
     configs = []
     for temp in temps:
         for exact in modes:
-            configs.append(Config("none", 0, temp, exact=exact))
+            configs.append(Config(drafting.plain(), 0, temp, exact=exact))
             for d in drafters:
-                trees = branches if d in ("model", "auto") else [1]
-                if d == "auto":
+                kind = drafting.kind(d)
+                trees = branches if kind.trees else [1]
+                if kind.chooses_k:
                     configs += [Config(d, None, temp, b, exact) for b in trees]
-                elif d != "none":
+                elif not kind.plain:
                     configs += [Config(d, k, temp, b, exact) for k in draft_tokens for b in trees]
     return configs
 
@@ -95,9 +97,15 @@ def sweep(
         if prompts[i].gbnf is not None:  # the prompt's schema or grammar constrains every row's answer alike
             k["gbnf"] = prompts[i].gbnf
         events = sessions[config.exact].generate(
-            encoded[i], drafter=config.drafter, branches=config.branches, temp=config.temp, seed=seed + i,
-            instruction=prompts[i].text, corpus=corpus, **k,
-        )  # fmt: skip
+            encoded[i],
+            drafter=config.drafter,
+            branches=config.branches,
+            temp=config.temp,
+            seed=seed + i,
+            instruction=prompts[i].text,
+            corpus=corpus,
+            **k,
+        )
         result = collect(events, lambda e: notice(e.message) if isinstance(e, Notice) else None)
         tick()
         return Run(result.stats, result.tokens)
@@ -106,19 +114,25 @@ def sweep(
         # The lookup cache as a script running these prompts in order would build it: prompt i drafts from
         # this configuration's answers to the prompts before it. Never the user's cache (a bench must not
         # depend on what ran before it), never a prompt's own earlier answer.
-        cached = first.cfg.lookup_cache and config.drafter in ("auto", "lookup") and config.draft_tokens is None
+        cached = first.cfg.lookup_cache and drafting.kind(config.drafter).lookup and config.draft_tokens is None
         answers: list[np.ndarray] = []
         generate(config, 0, Corpus([]) if cached else None)  # warm-up: caches, page faults, CPU clocks
-        base_config = Config("none", 0, config.temp, exact=config.exact)
-        fast_config = Config("none", 0, config.temp) if config.exact and False in sessions else None
+        base_config = Config(drafting.plain(), 0, config.temp, exact=config.exact)
+        fast_config = Config(drafting.plain(), 0, config.temp) if config.exact and False in sessions else None
         mine, theirs, fast = [], [], []
         for i in range(len(prompts)):
             tries, base_tries, fast_tries = [], [], []
             corpus = Corpus(answers) if cached else None
-            for _ in range(runs):
-                tries.append(generate(config, i, corpus))
+            for r in range(runs):
+                # The order alternates (ABBA): drift on a shared machine, and whatever one run leaves the next
+                # (caches, clocks), fall on both alike.
+                first_mine = r % 2 == 0 or config.is_baseline
+                if first_mine:
+                    tries.append(generate(config, i, corpus))
                 if not config.is_baseline:
                     base_tries.append(generate(base_config, i))
+                if not first_mine:
+                    tries.append(generate(config, i, corpus))
                 if fast_config:
                     fast_tries.append(generate(fast_config, i))
             mine.append(_median(tries))
@@ -130,5 +144,6 @@ def sweep(
 
 
 def _median(runs: list[Run]) -> Run:
-    ordered = sorted(runs, key=lambda r: r.stats.generation_seconds)
+    """The run of median wall time (prefill and generation: what the user waits for)."""
+    ordered = sorted(runs, key=lambda r: r.stats.wall_seconds)
     return ordered[(len(ordered) - 1) // 2]

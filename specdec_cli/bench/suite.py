@@ -120,8 +120,10 @@ def load(source: str | None, categories: list[str] | None) -> list[Prompt]:
         known = sorted({p.category for p in prompts})
         unknown = [c for c in categories if c not in known]
         if unknown:
-            raise UsageError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}",
-                             hint=f"categories here: {', '.join(known)}")  # fmt: skip
+            raise UsageError(
+                f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}",
+                hint=f"categories here: {', '.join(known)}",
+            )
         prompts = [p for p in prompts if p.category in categories]
     return prompts
 

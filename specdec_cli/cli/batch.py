@@ -15,8 +15,7 @@ from ..batch.runner import Tally, run
 from ..errors import SpecdecError
 from ..outputs import output_path
 from ..serve.service import Service
-from ..session import open_session
-from .common import CONFIG, PAIR, model_location, model_names, run_config, settings, start
+from .common import CONFIG, PAIR, model_names, opened, resolve
 
 
 class SomeFailed(SpecdecError):
@@ -35,25 +34,24 @@ def batch(
     **given: Any,
 ) -> None:
     """Answer every request of a file with one model load; results are kept as they finish."""
-    merged = settings(given, pair, config_path)
+    cfg = resolve(given, pair, config_path, debug=debug)
     inputs = {
-        "REQUESTS": requests, "the config file": config.config_file(config_path),
-        "the target model": model_location(merged["target"]),
-        "the draft model": model_location(merged["draft"]) if merged.get("draft") else None,
-    }  # fmt: skip
+        "REQUESTS": requests,
+        "the config file": config.config_file(config_path),
+        "the target model": cfg.target,
+        "the draft model": cfg.draft,
+    }
     out = output_path(output, "-o", inputs)  # before anything is read or loaded: a bad path costs nothing
     lines = batch_requests.read(requests)
-    cfg = run_config(merged, debug=debug)
     with Results(out, str(output)) as results:
         tally = _earlier(lines, results)
         if tally.earlier < tally.total:
-            # No request asks for the draft model by name: auto's kept curve may spare its load (as generate's).
-            asks = any(line.request is not None and line.request.settings.get("drafter") == "model" for line in lines)
-            with open_session(cfg, skip_idle_draft=not asks) as session:
-                start(session, costs=True)
-                title = "specdec batch · " + ui.label(session.drafter, cfg.draft_tokens, cfg.branches,
-                                                      k_for_auto=True, exact=cfg.exact)  # fmt: skip
-                speedup = _answer(Service(session, *model_names(merged, cfg), 0), lines, results, tally)
+            # The draft model is loaded if and when a request drafts with it.
+            with opened(cfg, costs=True, lazy_draft=True) as session:
+                title = "specdec batch · " + ui.label(
+                    session.drafter, cfg.draft_tokens, cfg.branches, k_for_auto=True, exact=cfg.exact
+                )
+                speedup = _answer(Service(session, *model_names(cfg), 0), lines, results, tally)
         else:
             title, speedup = "specdec batch", None
     with signals.held():
@@ -62,8 +60,10 @@ def batch(
         raise typer.Exit(signals.exit_code())
     failed = len(tally.failed) + tally.earlier_failed
     if failed:
-        raise SomeFailed(f"{failed} of {tally.total} requests failed: their results in {output} carry the error",
-                         hint="fix those lines, remove their results from the file, and run the same command again")  # fmt: skip
+        raise SomeFailed(
+            f"{failed} of {tally.total} requests failed: their results in {output} carry the error",
+            hint="fix those lines, remove their results from the file, and run the same command again",
+        )
 
 
 def _answer(service: Service, lines: list[batch_requests.Line], results: Results, tally: Tally) -> float | None:
@@ -86,8 +86,10 @@ def _earlier(lines: list[batch_requests.Line], results: Results) -> Tally:
     if results.dropped:
         ui.note(f"{results.shown}: dropped a cut last line (a run stopped while writing it); its request runs again")
     if foreign:
-        ui.warning(f"{results.shown} holds {foreign} result(s) for custom_ids that {len(lines)} requests do not "
-                   "have (another batch's results?); appending to it")  # fmt: skip
+        ui.warning(
+            f"{results.shown} holds {foreign} result(s) for custom_ids that {len(lines)} requests do not "
+            "have (another batch's results?); appending to it"
+        )
     if earlier:
         ui.note(f"resuming: {len(earlier)} of {len(lines)} requests have results in {results.shown}")
     return Tally(len(lines), len(earlier), sum(status != 200 for status in earlier.values()))

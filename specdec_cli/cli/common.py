@@ -1,63 +1,77 @@
-"""What the commands share: the options every run command takes, model references to files, and settings
-to a RunConfig (config.py decides the values; here the command line's values go in and files come out)."""
+"""What the commands share: the options every run command takes, model references to files, the run's
+configuration (config.py decides the values; here the command line's values go in) and its session."""
 
 from __future__ import annotations
 
-import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
 from .. import config, ui
 from ..models import store
-from ..models.catalog import KNOWN
+from ..models.catalog import KNOWN, KnownModel
 from ..options import RunConfig
-from ..session import Session
+from ..session import Session, open_session
 
 PAIR = typer.Option(None, "--pair", help="A named pair from the config (default: 'default').")
 CONFIG = typer.Option(None, "--config", help="Config file (default: $SPECDEC_CONFIG, else the user config).")
 
 
 def model_file(ref: str) -> Path:
-    """A known model's assembled GGUF (assembling it on first use, with a progress bar), or the path as given."""
-    if ref in KNOWN:
-        return store.ensure(KNOWN[ref], bar)
-    return Path(ref)
-
-
-def model_location(ref: str) -> Path:
-    """Where a model reference points, without assembling anything."""
+    """Where a model reference points: a known model's GGUF in the cache (assembled when a session opens:
+    `assemble`), or the path as given."""
     return store.model_path(KNOWN[ref]) if ref in KNOWN else Path(ref)
+
+
+def model_ready(ref: str) -> Path:
+    """A model reference's file, a known model assembled first (with a progress bar) where it is not yet."""
+    return store.ensure(KNOWN[ref], bar) if ref in KNOWN else Path(ref)
+
+
+def known(path: Path | None) -> KnownModel | None:
+    """The known model whose cache file `path` is, if it is one."""
+    return next((m for m in KNOWN.values() if path is not None and path == store.model_path(m)), None)
+
+
+def assemble(cfg: RunConfig) -> None:
+    """Assemble the known models a run loads into the cache (once; a progress bar), before a session opens."""
+    for path in (cfg.target, cfg.draft):
+        model = known(path)
+        if model is not None:
+            store.ensure(model, bar)
 
 
 def bar(model):
     return ui.byte_progress(f"assembling {model.name}", model.size)
 
 
-def settings(given: dict[str, Any], pair: Optional[str], config_path: Optional[Path]) -> dict[str, Any]:
-    """The command line's options merged with the environment and the config file (config.resolve)."""
-    return config.resolve(given, pair, config.config_file(config_path))
+def resolve(
+    given: dict[str, Any], pair: Optional[str], config_path: Optional[Path], *, debug: bool = False
+) -> RunConfig:
+    """The command line's options over the environment and the config file: the run's configuration."""
+    return config.resolve(given, pair, config.config_file(config_path), debug=debug, model_file=model_file)
 
 
-def run_config(merged: dict[str, Any], *, debug: bool = False) -> RunConfig:
-    """Merged settings to the run's configuration, known models assembled."""
-    return config.run_config(merged, debug=debug, model_file=model_file)
+@contextmanager
+def opened(cfg: RunConfig, *, costs: bool = False, **how: Any) -> Iterator[Session]:
+    """A session for the run: its known models assembled, then loaded (`how`: open_session's), the lookup
+    cache read (a damaged file's warning comes with the others), the warnings shown; `costs`: auto's cost
+    curve now (a server, a batch), not in the first request."""
+    assemble(cfg)
+    with open_session(cfg, **how) as session:
+        session.lookup_corpus()
+        for message in session.warnings:
+            ui.warning(message)
+        if costs and session.speculates:
+            session.costs(session.target.tokenize("Hello, world.", special=True))
+        yield session
 
 
-def start(session: Session, *, costs: bool = False) -> None:
-    """A loaded session's first steps: read the lookup cache (a damaged file's warning comes with the
-    others), show the warnings; `costs`: auto's cost curve now (a server, a batch), not in the first request."""
-    session.lookup_corpus()
-    for message in session.warnings:
-        ui.warning(message)
-    if costs and session.drafter != "none":
-        session.costs(session.target.tokenize("Hello, world.", special=True))
-
-
-def model_names(settings: dict, cfg: RunConfig) -> tuple[str, set[str]]:
+def model_names(cfg: RunConfig) -> tuple[str, set[str]]:
     """The id /v1/models shows (the target as it was named: a known model's name, else the file's stem),
     and every name a request's `model` may use: that, the file's stem, the pair's name."""
-    ref, stem = str(settings["target"]), Path(cfg.target).stem
-    primary = stem if os.sep in ref or ref.endswith(".gguf") else ref
-    return primary, {primary, stem} | ({settings["pair"]} if settings.get("pair") else set())
+    stem = Path(cfg.target).stem
+    primary = cfg.target_name if cfg.target_name in KNOWN else stem
+    return primary, {primary, stem} | ({cfg.pair} if cfg.pair else set())

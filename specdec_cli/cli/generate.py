@@ -12,8 +12,8 @@ from .. import inputs, options, signals, ui
 from ..engine.events import Notice, Stopped, Token
 from ..engine.stats import Result, collect
 from ..errors import UsageError
-from ..session import Session, open_session
-from .common import CONFIG, PAIR, run_config, settings, start
+from ..session import Session
+from .common import CONFIG, PAIR, opened, resolve
 
 
 @options.with_options(*options.BY_KEY)  # every run option
@@ -28,11 +28,9 @@ def generate(
     """Generate text from PROMPT with speculative decoding."""
     if given.get("system") is not None:
         given["system"] = _text(given["system"], "--system")
-    merged = settings(given, pair, config_path)
+    cfg = resolve(given, pair, config_path, debug=debug)
     prompt_text = _read_prompt(prompt)
-    cfg = run_config(merged, debug=debug)
-    with open_session(cfg, skip_idle_draft=True) as session:  # its drafter cannot change: an idle draft is not loaded
-        start(session)
+    with opened(cfg, lazy_draft=True) as session:  # the draft model is loaded if and when it drafts
         tokens = session.prompt_tokens(prompt_text)
         live = not json_out and ui.live_terminal()
         stream = None if json_out else ui.TokenStream(live)
@@ -40,29 +38,31 @@ def generate(
             stream.start()
         result = _consume(session.generate(tokens, instruction=prompt_text), stream)
         if result.stats.complete is False and not result.interrupted:
-            ui.warning(f"the answer stopped ({result.stats.stop_reason}) before its grammar was complete: it does "
-                       "not follow the schema or grammar; raise -n/--max-tokens")  # fmt: skip
+            ui.warning(
+                f"the answer stopped ({result.stats.stop_reason}) before its grammar was complete: it does "
+                "not follow the schema or grammar; raise -n/--max-tokens"
+            )
         if not result.interrupted and result.stats.stop_reason in ("eos", "max_tokens"):
             session.remember(result.tokens)  # the lookup cache: a later run may draft from this answer
         with signals.held():  # what the run produced is printed whole
             if stream:
                 stream.end()
             if json_out:
-                ui.print_json(_json(session, result, merged.get("pair")))
+                ui.print_json(_json(session, result))
             else:
                 ui.show_stats(result.stats, _title(session), live)
     if result.interrupted:
         raise typer.Exit(signals.exit_code())
 
 
-def _json(session: Session, result: Result, pair: str | None) -> dict:
+def _json(session: Session, result: Result) -> dict:
     config = {
         **session.cfg.as_dict(),
         "ctx_size": session.target_ctx.n_ctx,  # as fitted to the models when -c was not given
-        "pair": pair,
+        "pair": session.cfg.pair,
         "chat": session.uses_chat,
         "target_on": session.where,
-        "draft_loaded": session.draft is not None,  # false where auto's kept curve says the draft cannot pay
+        "draft_loaded": session.draft is not None,  # false where auto never drafted with it: never loaded
     }
     # cost_curve: where auto's costs came from, "measured" now or "cached" by an earlier run (None: unused)
     stats = {
@@ -71,8 +71,14 @@ def _json(session: Session, result: Result, pair: str | None) -> dict:
         "cost_curve": session.curve.source,
     }
     # valid: a constrained answer (--json-schema, --grammar) that is whole; null when unconstrained
-    return {"text": result.text, "tokens": result.tokens, "stop_reason": result.stats.stop_reason,
-            "valid": result.stats.complete, "stats": stats, "config": config}  # fmt: skip
+    return {
+        "text": result.text,
+        "tokens": result.tokens,
+        "stop_reason": result.stats.stop_reason,
+        "valid": result.stats.complete,
+        "stats": stats,
+        "config": config,
+    }
 
 
 def _title(session: Session) -> str:

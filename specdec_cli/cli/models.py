@@ -10,7 +10,7 @@ from .. import ui
 from ..backend.native import Model
 from ..errors import SpecdecError
 from ..models import info, store
-from .common import bar, model_file
+from .common import bar, model_ready
 from ..models.catalog import INSTALL_HINT, KNOWN
 
 app = typer.Typer(help="Known models: list, assemble, verify, locate; describe any GGUF.", no_args_is_help=True)
@@ -98,7 +98,7 @@ def verify() -> None:
 def path(name: str = typer.Argument(..., help="A known model name.")) -> None:
     """Print the assembled GGUF path of a known model (assembling it if needed), for scripts."""
     model = store.lookup(name)
-    print(model_file(model.name))
+    print(model_ready(model.name))
 
 
 @app.command("info")
@@ -108,11 +108,11 @@ def info_(
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """What a GGUF file is; with --draft, whether the two can pair (exit 1 when they cannot)."""
-    with Model(model_file(gguf)) as target:
+    with Model(model_ready(gguf)) as target:
         facts = info.describe(target)
         why = None
         if draft is not None:
-            with Model(model_file(draft)) as d:
+            with Model(model_ready(draft)) as d:
                 facts["draft"] = info.describe(d)
                 why = info.pairing(target, d)
                 # llama.cpp pairs vocabularies up to 128 ids apart: those draft ids are never proposed

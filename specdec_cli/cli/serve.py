@@ -11,11 +11,10 @@ from typing import Any, Optional
 import typer
 
 from .. import options, signals, ui
-from .common import CONFIG, PAIR, model_names, run_config, settings, start
+from .common import CONFIG, PAIR, model_names, opened, resolve
 from ..errors import SpecdecError, UsageError
 from ..serve.http import Server
 from ..serve.service import Service
-from ..session import open_session
 
 PORT = 8080  # llama-server's default: clients configured for it find us
 QUEUE = 16  # requests that may wait for the one generating; more get 503 with Retry-After
@@ -48,17 +47,17 @@ def serve(
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key is empty")
     address = _address(host)
-    merged = settings(given, pair, config_path)
-    cfg = run_config(merged, debug=debug)
+    cfg = resolve(given, pair, config_path, debug=debug)
     try:  # listen before loading: a taken port fails in a second, not after the models load
         server = Server((address, port), None, api_key, debug)
     except OSError as e:
-        raise SpecdecError(f"cannot listen on {host}:{port}: {e.strerror or e}",
-                           hint="another server may hold the port: pick another with --port") from None  # fmt: skip
+        raise SpecdecError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}",
+            hint="another server may hold the port: pick another with --port",
+        ) from None
     try:
-        with open_session(cfg) as session:
-            start(session, costs=True)
-            server.service = Service(session, *model_names(merged, cfg), queue)
+        with opened(cfg, costs=True) as session:
+            server.service = Service(session, *model_names(cfg), queue)
             _serve(server, host, api_key is not None, cfg)
     finally:
         server.close()

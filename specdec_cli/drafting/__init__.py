@@ -1,9 +1,11 @@
-"""The drafting strategies, and `build`: the drafter for a run, in one call.
+"""The drafting strategies, each declared once with its traits (`Kind`, in DRAFTERS), and `build`: the drafter
+for a run, in one call.
 
-model.py drafts with a small model (a chain is a tree of one branch); lookup.py copies from the text, the
-user's instruction (hints.py) and earlier answers (corpus.py, kept on disk by cache.py); auto.py chooses
-among them every round by the cost model (cost.py). Adding a drafter: a module here with a `Drafter`
-subclass, and one line in DRAFTERS (the command line's choices follow it).
+model.py drafts with a small model (a chain is a tree of one branch) over a window of the text (window.py);
+lookup.py copies from the text, the user's instruction (hints.py) and earlier answers (corpus.py, kept on disk by
+cache.py); auto.py chooses among them every round by the cost model (cost.py). Adding a drafter: a `Drafter`
+subclass and one `declare(Kind(...))`. The command line's choices, the options' rules, the config, the
+statistics, the bench and the server read the traits; nothing outside this package compares drafter names.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from typing import Any, Callable
 
 from ..engine.drafter import Drafter, NoDrafter
 from ..engine.kv import Sequence
-from ..errors import UsageError
 from .auto import AutoDrafter
 from .corpus import Corpus
 from .cost import Costs
@@ -21,20 +22,27 @@ from .forced import Forced
 from .lookup import LookupDrafter
 from .model import ModelDrafter
 
+DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
+DRAFT_WINDOW = 512  # the draft model's window: sinks and the text's last 512 tokens (window.py)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Sources:
     """What a run can draft from. Costs and the draft's sequence are asked for only by a drafter that uses
-    them: measuring the costs takes about a second (and clears the caches), and comes first."""
+    them: measuring the costs takes about a second (and clears the caches), and comes first; the draft's
+    sequence is taken (the draft model loaded, where it was not) at its first draft."""
 
     k: int | None  # tokens per draft; None: auto (the cost model chooses every round)
     costs: Callable[[], Costs]
-    draft: Callable[[], Sequence] | None  # takes the draft model's sequence; None: no draft model loaded
+    draft: Callable[[], Sequence] | None  # takes the draft model's sequence; None: no draft model
+    draft_loaded: Callable[[], bool] = lambda: True  # whether taking it loads nothing (the draft model is loaded)
     p_min: float = 0.0
     branches: int = 1  # the draft model's tree: at most this many branches
     p_split: float = 0.1
     max_nodes: int = 63  # a tree's nodes + 1 must fit the target's output rows
     vocab: int | None = None  # the target's vocabulary: ids a draft may propose
+    window: int | None = DRAFT_WINDOW  # the draft model's window (None: the whole text)
+    max_tokens: int | None = None  # the answer's bound
     lookup_branches: int = 1  # a lookup tree's leaves (each forks the target's state)
     instruction: str = ""
     corpus: Corpus | None = None  # earlier answers (the lookup cache)
@@ -46,7 +54,17 @@ class Sources:
         if self.draft is None:
             return None
         grammar = self.grammar() if self.grammar is not None else None  # its rows masked as the target's
-        return ModelDrafter(self.draft(), self.p_min, self.branches, self.p_split, self.max_nodes, self.vocab, grammar)
+        return ModelDrafter(
+            self.draft,
+            self.p_min,
+            self.branches,
+            self.p_split,
+            self.max_nodes,
+            self.vocab,
+            grammar,
+            self.window,
+            self.draft_loaded,
+        )
 
     def lookup(self) -> LookupDrafter:
         return LookupDrafter.for_instruction(self.instruction, self.corpus, self.tokenize, self.piece)
@@ -60,24 +78,111 @@ class Sources:
             self.draft_model() if model else None,
             self.lookup_branches,
             forced=forced,
+            max_tokens=self.max_tokens,
         )
 
 
-def _model(s: Sources) -> Drafter:
-    if s.draft is None:
-        raise UsageError("--drafter model needs a draft model", hint="pass --draft PATH")
-    # -k auto: the cost model chooses each round's length (and may decode plainly)
-    return s.draft_model() if s.k is not None else s.auto(lookup=False)
+NEEDS, USES, NEVER = "needs", "uses", "never"  # Kind.model: how a drafter relates to the draft model
 
 
-DRAFTERS: dict[str, Callable[[Sources], Drafter]] = {
-    "auto": Sources.auto,
-    "model": _model,
-    "lookup": lambda s: LookupDrafter() if s.k is not None else s.auto(model=False),
-    "none": lambda s: NoDrafter(),
-}
+@dataclass(frozen=True, kw_only=True)
+class Kind:
+    """A drafter, declared once: what it is built from and the traits everything else reads."""
+
+    name: str
+    help: str  # --drafter's help for it
+    build: Callable[[Sources], Drafter]
+    model: str = NEVER  # NEEDS: refused without a draft model; USES: drafts with one where there is one; NEVER
+    lookup: bool = False  # reads the text and the lookup cache's earlier answers (and keeps answers there)
+    k: int | None = DRAFT_TOKENS  # its draft length when -k is not given; None: chosen every round (-k auto)
+    chooses_k: bool = False  # chooses every round's length itself (-k only caps it): the bench sweeps no -k for it
+    trees: bool = False  # --branches applies: the draft model forks
+    plain: bool = False  # drafts nothing: target-only decoding (every comparison's baseline)
+    falls_back: bool = False  # on a target that cannot roll back: decodes plainly with a warning (else refused)
+    cost: str = "free"  # a drafted token's cost: "free" (no decode), "model" (a draft-model decode, after its
+    # window's prefill at its first draft), "chosen" (whichever the cost model chose, each weighed), "none"
+    rounds: str = ""  # what its rounds are called in the statistics (default: its name)
+
+    @property
+    def uses_model(self) -> bool:
+        return self.model != NEVER
+
+    @property
+    def label(self) -> str:
+        return self.rounds or self.name
+
+
+DRAFTERS: dict[str, Kind] = {}
+
+
+def declare(kind: Kind) -> Kind:
+    """Register a drafter: from here on the command line, the config, the server and the bench know it."""
+    DRAFTERS[kind.name] = kind
+    return kind
+
+
+def kind(name: str) -> Kind:
+    return DRAFTERS[name]
+
+
+def plain() -> str:
+    """The drafter that drafts nothing (target-only decoding)."""
+    return next(k.name for k in DRAFTERS.values() if k.plain)
+
+
+def default(has_draft: bool) -> str:
+    """The drafter when none is named: auto with a draft model (it drafts only where that pays), else none."""
+    return "auto" if has_draft else "none"
+
+
+def round_label(source: str) -> str:
+    """A round's source (Draft.source: the drafter that drafted it) as the statistics name it."""
+    return DRAFTERS[source].label if source in DRAFTERS else source
+
+
+def is_plain(source: str) -> bool:
+    """Whether rounds (or rows) of this drafter draft nothing: plain decoding, the baseline."""
+    return source in DRAFTERS and DRAFTERS[source].plain
+
+
+def source_order(source: str) -> tuple[bool, int]:
+    """Where a round source's statistics go: plain rounds first, then as declared."""
+    names = list(DRAFTERS)
+    return (not is_plain(source), names.index(source) if source in DRAFTERS else len(names))
 
 
 def build(name: str, sources: Sources) -> Drafter:
     """The drafter called `name` (one of DRAFTERS) over what the run offers."""
-    return DRAFTERS[name](sources)
+    return DRAFTERS[name].build(sources)
+
+
+def _model(s: Sources) -> Drafter:
+    # -k auto: the cost model chooses each round's length (and may decode plainly)
+    return s.draft_model() if s.k is not None else s.auto(lookup=False)
+
+
+declare(
+    Kind(
+        name="auto",
+        build=Sources.auto,
+        model=USES,
+        lookup=True,
+        k=None,
+        chooses_k=True,
+        trees=True,
+        falls_back=True,
+        cost="chosen",
+        help="each round plain, lookup or the model, whichever the cost model expects to be fastest (default with a draft)",
+    )
+)
+declare(Kind(name="model", build=_model, model=NEEDS, trees=True, cost="model", help="the draft model"))
+declare(
+    Kind(
+        name="lookup",
+        build=lambda s: LookupDrafter() if s.k is not None else s.auto(model=False),
+        lookup=True,
+        k=None,
+        help="copy from the prompt and the text so far",
+    )
+)
+declare(Kind(name="none", build=lambda s: NoDrafter(), plain=True, cost="none", rounds="plain", help="target-only"))

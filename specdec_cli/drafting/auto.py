@@ -19,10 +19,11 @@ import numpy as np
 from ..engine.drafter import EMPTY, Draft, Drafter, Outcome
 from ..engine.sampling import Sampler
 from ..engine.shapes import CHAIN, Tree
-from .cost import Costs, best_length, best_tree, draft_can_pay, expected_tokens, rate
+from .cost import Costs, best_length, best_tree, expected_tokens, rate
 from .forced import Forced
 from .lookup import Candidate, LookupDrafter
 from .model import DraftPolicy, ModelDrafter
+from .window import MIN_WINDOW
 
 # Per-token acceptance priors, by bucket. Two pseudo-observations each: a handful of rounds outweigh them.
 PRIOR_STRENGTH = 2.0
@@ -44,9 +45,11 @@ SOURCE_PRIORS = {
 # before a choice of closing characters (the model may write it merged with the one it chooses).
 GRAMMAR_KINDS = (1, 2, 3, 4, 5, 6)
 GRAMMAR_PRIOR = (0.95, 0.92, 0.75, 0.4, 0.7, 0.5)
+PROMISE_PRIOR = 8.0  # tokens: a dozen rounds of broken promises halve a source's; one wrong draft does not
 HOT_PRIOR = 0.3  # a token at a likely edit point (lookup.Candidate.hot)
 CONFIDENCE_EDGES = tuple(i / 10 for i in range(10))  # the draft's probability of its token, in tenths
 MODEL_PRIOR = 0.7  # a same-family draft is accepted ~70-90% of the time; explored optimistically (upper bound)
+ANSWER = 256  # tokens an answer may still run to when the run sets no bound (it pays back a draft's prefill)
 
 
 class Buckets:
@@ -93,11 +96,22 @@ class Rate:
         self.total += 1
 
 
-def model_may_pay(costs: Costs) -> bool:
-    """Whether auto would ever start drafting with the draft model on this curve: at the acceptance it opens
-    with (its optimistic prior, about 0.96 a token; it learns the model's acceptance only from model rounds).
-    Where not, a run that cannot change its drafter need not load the draft at all."""
-    return draft_can_pay(costs, Rate().upper)
+@dataclass
+class Promise:
+    """How much of what a source promised came: the extra tokens (beyond the one every round emits) its chosen
+    rounds realised over those predicted, with a prior of PROMISE_PRIOR tokens kept. Predictions of the
+    chosen are optimistic (the best of several estimates is chosen because it is high): this scales them."""
+
+    predicted: float = PROMISE_PRIOR
+    realised: float = PROMISE_PRIOR
+
+    def observe(self, predicted: float, emitted: int) -> None:
+        self.predicted += max(predicted - 1.0, 0.0)
+        self.realised += emitted - 1
+
+    @property
+    def kept(self) -> float:
+        return min(self.realised / self.predicted, 1.0)
 
 
 class AutoDrafter(Drafter):
@@ -107,10 +121,18 @@ class AutoDrafter(Drafter):
     name = "auto"
 
     def __init__(
-        self, costs: Costs, lookup: LookupDrafter | None, draft_model: ModelDrafter | None, max_branches: int = 1,
+        self,
+        costs: Costs,
+        lookup: LookupDrafter | None,
+        draft_model: ModelDrafter | None,
+        max_branches: int = 1,
         forced: Forced | None = None,
-    ):  # fmt: skip
+        max_tokens: int | None = None,
+    ):
         self.costs = costs
+        self.max_tokens = max_tokens  # the answer's bound: what is left of it pays back the draft model's prefill
+        self._prompt = 0
+        self.promises = {"lookup": Promise(), "model": Promise()}  # by Draft.source
         self.lookup = lookup
         self.forced = forced  # a constrained run: what its grammar forces next, one more candidate
         self.draft_model = draft_model
@@ -126,8 +148,9 @@ class AutoDrafter(Drafter):
         self.model_rate = Rate()
 
     def prefill(self, tokens: list[int]) -> None:
+        self._prompt = len(tokens) + 1
         if self.draft_model is not None:
-            self.draft_model.prefill(tokens)
+            self.draft_model.prefill(tokens)  # (its grammar: the model itself is fed only where it drafts)
         if self.forced is not None:
             self.forced.prefill(tokens)
 
@@ -146,17 +169,47 @@ class AutoDrafter(Drafter):
                 best, draft = lookup_rate, lookup_draft
         model = self.draft_model
         if model is not None and not model.failed and k > 0:
-            catch_up = self.costs.catch_up(model.lag(committed))
-            k_model, model_rate, _ = best_length(
-                [self.model_rate.upper] * k, self.costs, self.costs.drafting(k, catch_up)
-            )
-            if k_model and model_rate > best:
-                policy = CostPolicy(self.costs, self.model_accept, self.model_rate.mean, catch_up, model_rate)
+            policy = self._model_pays(committed, k, best)
+            if policy is not None:
                 draft = self._draft_model(committed, k, sampler, rng, policy)
         notice = model.take_notice() if model is not None else None  # the model stopped, unasked
         if offers or notice:  # every offer learns from the round (observe); the target's confidence helps
             draft = replace(draft, offers=tuple(offers), wants_confidence=bool(offers), notice=notice or draft.notice)
         return draft
+
+    def _model_pays(self, committed: list[int], k: int, best: float) -> CostPolicy | None:
+        """The draft model's round, where it pays: first at its optimistic acceptance as if its cache were in
+        step, against the best other offer; then what bringing it in step costs (loading it, its window's
+        prefill, a catch-up after rounds it did not draft in) must be paid back by this round, or by the rest
+        of the answer at its learned acceptance (there the window is the largest that pays, MIN_WINDOW at least)."""
+        costs, model, kept = self.costs, self.draft_model, self.promises["model"].kept
+        k_warm, warm, _ = best_length([self.model_rate.upper * kept] * k, costs, costs.drafting(k, 0.0))
+        if not k_warm or warm <= best:
+            return None
+        spend = self._spend(committed, k, model.window)
+        k_now, now, _ = best_length([self.model_rate.upper * kept] * k, costs, costs.drafting(k, spend))
+        if k_now and now > best:
+            return CostPolicy(costs, self.model_accept, self.model_rate.mean, spend, now)
+        # Amortised: the seconds the rest of the answer saves, drafted at the learned acceptance, not plain.
+        _, learned, _ = best_length([self.model_rate.mean * kept] * k, costs, costs.drafting(k, 0.0))
+        left = (self.max_tokens or ANSWER) - (len(committed) - self._prompt)
+        saving = left * (costs.plain - 1.0 / learned)
+        size = model.window
+        while spend > saving and not model.opened and size is not None and size // 2 >= MIN_WINDOW:
+            size //= 2  # a smaller window: less to prefill, drafts a little less often right
+            spend = self._spend(committed, k, size)
+        if spend > saving:
+            return None
+        if not model.opened:
+            model.window = size
+        return CostPolicy(costs, self.model_accept, self.model_rate.mean, 0.0, warm)
+
+    def _spend(self, committed: list[int], k: int, size: int | None) -> float:
+        """Seconds to bring the draft model in step before it drafts: its load (if not loaded yet) and the
+        decode that feeds what its window (of `size`) lacks, beyond the one-token decode of any draft."""
+        model, costs = self.draft_model, self.costs
+        load = 0.0 if model.opened or model.loaded() else costs.draft_load or 0.0
+        return load + costs.catch_up(model.lag(committed, k, size))
 
     def _lookup_tree(self, offers: list[Candidate], k: int) -> tuple[float, Draft | None]:
         """(rate, draft): every candidate a node of one tree, as wide as this machine's cost curve says pays
@@ -171,9 +224,13 @@ class AutoDrafter(Drafter):
 
     def _chances(self, c: Candidate) -> list[float]:
         """Token i of a candidate is right if its match, by then match + i tokens long, holds on; at a
-        likely edit point, with the chance learned for those."""
+        likely edit point, with the chance learned for those. A copy's first token's chance is scaled by how much
+        of its promises lookup kept (every node's reach, and so the extra tokens, scale with it)."""
         buckets = self.source_accept[c.source, self._sure]
-        return [self.hot_rate.mean if i == c.hot else buckets.mean(c.bucket(i)) for i in range(len(c.tokens))]
+        chances = [self.hot_rate.mean if i == c.hot else buckets.mean(c.bucket(i)) for i in range(len(c.tokens))]
+        if chances and c.source != "grammar":  # (what a grammar forces is not a guess that promises too much)
+            chances[0] *= self.promises["lookup"].kept
+        return chances
 
     def _draft_model(self, committed: list[int], k: int, sampler: Sampler, rng, policy: CostPolicy) -> Draft:
         draft = self.draft_model.propose(committed, k, sampler, rng, policy)
@@ -186,9 +243,13 @@ class AutoDrafter(Drafter):
         keep = int(np.argmax(rate(e, spent, self.costs, np.arange(len(accept) + 1))))
         q = draft.q[:keep] if draft.q is not None and keep else None
         return replace(
-            draft, tokens=draft.tokens[:keep], q=q, confidence=draft.confidence[:keep], predicted=float(e[keep]),
+            draft,
+            tokens=draft.tokens[:keep],
+            q=q,
+            confidence=draft.confidence[:keep],
+            predicted=float(e[keep]),
             k=keep,
-        )  # fmt: skip
+        )
 
     def _tree_tokens(self, draft: Draft) -> float:
         """Expected tokens from a tree round: 1 + the sum over nodes of P(its whole path is accepted)."""
@@ -200,6 +261,8 @@ class AutoDrafter(Drafter):
     def observe(self, draft: Draft, outcome: Outcome) -> None:
         n, path = len(draft.tokens), outcome.path
         self.costs.observe_verify(n + 1, outcome.verify_seconds)
+        if n and draft.predicted is not None and draft.source in self.promises:
+            self.promises[draft.source].observe(draft.predicted, len(path) + 1)
         # Every candidate lookup offered learns from the text the round produced, drafted or not: the
         # target's tokens are the verdict on each one's tokens up to and including its first wrong one.
         produced = [*(draft.tokens[i] for i in path), outcome.token]
@@ -219,7 +282,9 @@ class AutoDrafter(Drafter):
             for i, ok in [(i, True) for i in path] + [(c, False) for c in rejected]:
                 self.model_accept.observe(draft.confidence[i], ok)
                 self.model_rate.observe(ok)
-            if draft.decodes:
+            if (
+                draft.decodes and draft.fed <= 1
+            ):  # a round that fed a window (or a long lag) says little of a token's cost
                 self.costs.observe_draft(outcome.draft_seconds / draft.decodes)
 
     def rollback(self, n: int, draft: Draft, winner: int = 0) -> None:

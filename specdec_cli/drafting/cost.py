@@ -9,33 +9,18 @@ On a CPU t(n) grows almost linearly until the batch is large enough for the matr
 
 `--drafter auto` maximises that rate every round (`best_length`); the bench predicts each row's
 speed-up with the same functions from the same `Costs`, which it hands to the session for auto to start
-from, so its predicted-vs-measured check validates what auto uses. `measure` times the machine once per
-session: quickly when auto starts, or thoroughly for the bench; `Costs.observe_*` refine it as rounds run.
+from, so its predicted-vs-measured check validates what auto uses. measure.py times the machine once per
+session; `Costs.observe_*` refine it as rounds run.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Sequence as Seq
 
 import numpy as np
 
-from ..engine.context import Context
-from ..engine.kv import Sequence
-from . import curves
 
-# Quick: auto's start-up, about a second for a 1.5B model on 2 cores.
-QUICK_SIZES = (1, 2, 4, 8, 16)  # the rest is interpolated
-QUICK_PASSES = 2  # the faster of two: a single decode is often slowed by the OS, rarely sped up
-QUICK_WARMUP = 3  # decodes before timing: the first ones after loading run slow
-QUICK_CONTEXT = 32  # tokens of context before each timed decode
-# Thorough: the bench's, about 12 s; every size, timed as speculation runs it.
-CURVE_MAX = 16  # the bench times t(n) for n = 1..16 (more if a row drafts longer)
-REPEATS = 5  # median of 5 decodes per point: steady on a shared machine, cheap enough
-WARMUP_SECONDS = 3.0  # right after loading, decodes run ~10% slow for a while
-WARMUP_MAX = 150  # ...but tiny models settle within this many decodes
-CONTEXT = 64  # tokens of context before each timed decode, so attention costs what it does in use
+PREFILL_BATCH = 32  # the draft's prefill is timed as one decode of this many tokens (its cost per token)
 # Online refinement.
 SMOOTHING = 0.2  # weight of a new observation: follows drift within ~5 rounds, shrugs off one preempted decode
 MAX_SAMPLE_RATIO = 2.0  # an observation 2x off the estimate is clipped: the OS paused us, the model did not change
@@ -44,16 +29,26 @@ MAX_SAMPLE_RATIO = 2.0  # an observation 2x off the estimate is clipped: the OS 
 class Costs:
     """t(n) for n = 1..n_max (seconds per target decode of n tokens) and the draft's cost per token.
     Where measured apart: `plain`, plain decoding's seconds per token (back to back), which stands for
-    t(1) since a round that drafts nothing is plain decoding; and `draft_catch_up`, a draft decode of
-    2 tokens (the first one after a fully accepted round, which feeds the draft the token it never saw)."""
+    t(1) since a round that drafts nothing is plain decoding; `draft_catch_up`, a draft decode of
+    2 tokens (the first one after a fully accepted round, which feeds the draft the token it never saw);
+    `draft_prefill`, the draft's seconds per token of a PREFILL_BATCH-token decode (its window's prefill);
+    `draft_load`, the seconds it took to load the draft model and open its context."""
 
     def __init__(
-        self, verify: dict[int, float], draft: float | None = None, n_max: int = 64,
-        plain: float | None = None, draft_catch_up: float | None = None,
-    ):  # fmt: skip
+        self,
+        verify: dict[int, float],
+        draft: float | None = None,
+        n_max: int = 64,
+        plain: float | None = None,
+        draft_catch_up: float | None = None,
+        draft_prefill: float | None = None,
+        draft_load: float | None = None,
+    ):
         self.measured = dict(sorted(verify.items()))  # t(n) as timed (after a draft decode): the bench reports it
         self.draft = draft
         self.draft_catch_up = draft_catch_up
+        self.draft_prefill = draft_prefill
+        self.draft_load = draft_load
         self._plain = plain
         points = {**self.measured, 1: plain} if plain is not None else self.measured
         sizes = sorted(points)
@@ -65,7 +60,26 @@ class Costs:
 
     def copy(self, n_max: int | None = None) -> Costs:
         """Its own Costs to refine, from the same measurement, with a table of n_max sizes."""
-        return Costs(self.measured, self.draft, n_max or len(self.table), self._plain, self.draft_catch_up)
+        return Costs(
+            self.measured,
+            self.draft,
+            n_max or len(self.table),
+            self._plain,
+            self.draft_catch_up,
+            self.draft_prefill,
+            self.draft_load,
+        )
+
+    def kept(self) -> dict:
+        """The measurement, as curves.py keeps it (Costs' arguments; before auto refines it)."""
+        return dict(
+            verify=self.measured,
+            draft=self.draft,
+            plain=self._plain,
+            draft_catch_up=self.draft_catch_up,
+            draft_prefill=self.draft_prefill,
+            draft_load=self.draft_load,
+        )
 
     def verify(self, n: int) -> float:
         return float(self.table[min(n, len(self.table)) - 1])
@@ -88,13 +102,20 @@ class Costs:
         return self.verify(n) / self.plain
 
     def catch_up(self, gap: int) -> float:
-        """The extra cost of a draft decode of `gap` tokens over one: measured for 2 (the common case,
-        after a fully accepted round), else scaled by the target's curve (the same kernels at another size)."""
-        if gap <= 1 or self.draft is None:
-            return 0.0
-        if gap == 2 and self.draft_catch_up is not None:
-            return self.draft_catch_up - self.draft
-        return self.draft * (self.verify(gap) / self.plain - 1.0)
+        """The extra cost of a draft decode of `gap` tokens over one (`draft_batch`)."""
+        return self.draft_batch(gap) - self.draft if gap > 1 and self.draft is not None else 0.0
+
+    def draft_batch(self, n: int) -> float:
+        """Seconds for one draft decode of n tokens: measured for 1 and 2 (the catch-up after a fully accepted
+        round) and per token at PREFILL_BATCH, which stands for longer batches (a window's prefill); between
+        them, the target's curve at the draft's scale (the same kernels at another size)."""
+        if self.draft is None or n <= 1:
+            return self.draft or 0.0
+        if n == 2 and self.draft_catch_up is not None:
+            return self.draft_catch_up
+        if n >= PREFILL_BATCH and self.draft_prefill is not None:
+            return n * self.draft_prefill
+        return self.draft * self.verify(n) / self.plain
 
     def drafting(self, k: int, catch_up: float) -> np.ndarray:
         """Seconds to draft 1..k tokens with the model: k decodes, the first one also feeding the gap."""
@@ -111,59 +132,6 @@ class Costs:
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft = seconds_per_token if self.draft is None else _smooth(self.draft, seconds_per_token)
-
-
-class Curve:
-    """This machine's costs for a target (and draft) context, as auto uses them: measured on first use
-    (about a second; it empties both caches, which `measurements` counts), kept between processes under
-    `key` (curves.py; None: never kept), or adopted from a measurement handed in (the bench's thorough
-    one); auto refines them as rounds run."""
-
-    def __init__(self, target: Context, draft: Context | None, n_max: int, key: str | None = None,
-                 kept: dict | None = None):  # fmt: skip
-        """kept: what curves.load read under `key` (an earlier process's measurement), or None."""
-        self.target, self.draft, self.n_max, self.key = target, draft, n_max, key
-        self.costs: Costs | None = None
-        self.measurements = 0
-        self.source: str | None = None  # "measured" | "cached" | "given": where the costs came from
-        self._kept = Costs(n_max=n_max, **kept) if kept else None
-
-    def adopt(self, measured: Costs) -> Costs:
-        self.costs = measured.copy(self.n_max)  # auto refines its own copy, sized for its drafts
-        self.source = "given"
-        return self.costs
-
-    def get(self, tokens: list[int]) -> Costs:
-        if self.costs is None and self._kept is not None:
-            self.costs, self.source = self._kept.copy(), "cached"
-        elif self.costs is None:
-            self.costs = measure(self.target, self.draft, tokens, self.n_max)
-            self.measurements += 1
-            self.source = "measured"
-            if self.key is not None:
-                c = self.costs
-                curves.save(self.key, dict(verify=c.measured, draft=c.draft, plain=c.plain_measured,
-                                           draft_catch_up=c.draft_catch_up))  # fmt: skip
-        return self.costs
-
-    def check_drift(self) -> None:
-        """After a run: a kept curve that auto's observations moved far from (plain decoding's cost, the one
-        every round observes, off by more than curves.DRIFT either way) is dropped: measured next time."""
-        if self.source == "cached" and self._kept is not None:
-            ratio = self.costs.plain / self._kept.plain
-            if not 1 / curves.DRIFT <= ratio <= curves.DRIFT:
-                curves.drop(self.key)
-                self._kept = None
-
-
-def draft_can_pay(costs: Costs, accept: float) -> bool:
-    """Whether a draft model whose every token is accepted with probability `accept` beats plain decoding on
-    this curve at any draft length (its catch-up decodes left out: the most it could do). A draft cost not
-    measured is given the benefit of the doubt."""
-    if costs.draft is None:
-        return True
-    k_max = len(costs.table) - 1
-    return best_length([accept] * k_max, costs, costs.drafting(k_max, 0.0))[0] > 0
 
 
 def _smooth(old: float, new: float) -> float:
@@ -212,84 +180,6 @@ def predicted_speedup(costs: Costs, a: float, k: int) -> float:
     if k == 0:
         return 1.0
     return rate(expected_tokens_per_round(a, k), costs.draft_round(a, k), costs, k) * costs.plain
-
-
-def measure(
-    target: Context, draft: Context | None, tokens: list[int], n_max: int = 64, thorough: bool = False
-) -> Costs:
-    """Time target decodes of n tokens and one-token draft decodes, after the prompt's tokens as context.
-    Quick: the QUICK_SIZES up to n_max, the fastest of two passes, interpolated. Thorough: every n up to
-    n_max, medians, each target decode right after a draft decode and vice versa (switching models costs
-    ~1-2 ms on a CPU), t(1) also back to back as plain decoding runs, and the draft's catch-up decode."""
-    context = CONTEXT if thorough else QUICK_CONTEXT
-    sizes = list(range(1, n_max + 1)) if thorough else [n for n in QUICK_SIZES if n <= n_max]
-    filler = (tokens * (1 + (context + sizes[-1]) // max(len(tokens), 1)))[: context + sizes[-1]]
-    prefix, batch = filler[:context], filler[context:]
-    seq = Sequence.empty(target)
-    seq.append(prefix)
-    dseq = Sequence.empty(draft) if draft is not None else None
-    if dseq is not None:
-        dseq.append(prefix)
-
-    def back(s: Sequence) -> None:
-        """To the context again. A recurrent state drops only what its snapshots cover (kv.Sequence): each
-        timed decode may leave tokens behind, so it starts over from the context (untimed) now and then."""
-        s.rollback(max(context, s.floor))
-        if len(s) > 2 * context:
-            s.rollback(context)  # clears it
-            s.append(prefix[len(s) :])
-
-    def t_target(n: int) -> float:
-        return _timed(lambda: seq.append(batch[:n], outputs="all"), lambda: back(seq))
-
-    def t_draft(n: int) -> float:
-        return _timed(lambda: dseq.append(batch[:n]), lambda: back(dseq))
-
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
-    plain, drafts, catch_up = [], [], []
-    if thorough:
-        start = time.perf_counter()
-        for _ in range(WARMUP_MAX):
-            if time.perf_counter() - start > WARMUP_SECONDS:
-                break
-            t_target(4)
-            if dseq is not None:
-                t_draft(1)
-        # Whole passes over n rather than n after n, so that drift on a shared machine spreads evenly.
-        for _ in range(REPEATS):
-            plain += [t_target(1) for _ in range(3)]
-            for n in sizes:
-                if dseq is not None:
-                    drafts.append(t_draft(1))  # the draft runs, then the target verifies
-                samples[n].append(t_target(n))
-            if dseq is not None:
-                catch_up.append(t_draft(2))
-    else:
-        for n in [sizes[-1]] * QUICK_WARMUP + sizes * QUICK_PASSES:
-            samples[n].append(t_target(n))
-        if dseq is not None:
-            drafts = [t_draft(1) for _ in range(3)]
-    seq.rollback(0)
-    if dseq is not None:
-        dseq.rollback(0)
-    # Thorough: medians of five. Quick: the faster of two passes (the OS slows a decode, it never speeds one
-    # up), and the median of three draft decodes.
-    median = statistics.median
-    return Costs(
-        {n: (median(s) if thorough else min(s)) for n, s in samples.items()},
-        median(drafts) if drafts else None,
-        n_max,
-        plain=median(plain) if plain else None,
-        draft_catch_up=median(catch_up) if catch_up else None,
-    )
-
-
-def _timed(run, undo) -> float:
-    t0 = time.perf_counter()
-    run()
-    seconds = time.perf_counter() - t0
-    undo()
-    return seconds
 
 
 def best_tree(

@@ -22,11 +22,12 @@ from typing import Any, Callable
 
 from ..models.store import home
 
-VERSION = 1
+VERSION = 2  # 2: the draft's prefill and load times
 MAX_AGE = 24 * 3600.0  # seconds: a day (a machine's load, clocks and thermal state change slowly)
 MAX_FILE = 1 << 16  # bytes: a curve is about 1 KB
 MAX_BATCH = 1024  # the largest batch a kept curve may time (auto's is 32, the bench's 64)
 MIN_SECONDS, MAX_SECONDS = 1e-7, 3600.0  # a decode time outside these is no measurement of ours
+OPTIONAL = ("draft", "plain", "draft_catch_up", "draft_prefill", "draft_load")  # Costs' optional arguments
 DRIFT = 1.5  # observed plain-decoding cost this many times the kept one (or 1/DRIFT of it): measure again
 
 
@@ -48,7 +49,7 @@ def file_identity(path: Path) -> dict[str, Any]:
 
 
 def load(name: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
-    """The kept measurement (Costs' arguments: verify, draft, plain, draft_catch_up), or None: none kept,
+    """The kept measurement (Costs' arguments: verify and OPTIONAL), or None: none kept,
     too old, or damaged (then `warn` says so, and the next measurement replaces it)."""
     path = folder() / f"{name}.json"
     try:
@@ -110,7 +111,7 @@ def _costs(data: Any, name: str) -> tuple[dict[str, Any], float]:
     verify = {int(n): _seconds(s) for n, s in data["verify"].items()}
     if not verify or not all(1 <= n <= MAX_BATCH for n in verify):
         raise ValueError(f"verify costs must be for batches of 1..{MAX_BATCH} tokens")
-    optional = {k: None if data.get(k) is None else _seconds(data[k]) for k in ("draft", "plain", "draft_catch_up")}
+    optional = {k: None if data.get(k) is None else _seconds(data[k]) for k in OPTIONAL}
     saved_at = data["saved_at"]
     if not isinstance(saved_at, (int, float)) or isinstance(saved_at, bool) or not math.isfinite(saved_at):
         raise ValueError("saved_at is not a time")

@@ -269,9 +269,13 @@ class LookupDrafter(Drafter):
     name = "lookup"
 
     def __init__(
-        self, min_match: int = MIN_MATCH, corpus=None, hints: tuple[tuple[int, ...], ...] = (),
-        newline: Callable[[int], bool] | None = None, renames: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (),
-    ):  # fmt: skip
+        self,
+        min_match: int = MIN_MATCH,
+        corpus=None,
+        hints: tuple[tuple[int, ...], ...] = (),
+        newline: Callable[[int], bool] | None = None,
+        renames: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (),
+    ):
         self.min_match = min_match
         self.history = History()
         self.copy = Copy()
@@ -296,8 +300,9 @@ class LookupDrafter(Drafter):
         hints = tuple(tuple(tokenize(space + name)) for name in hints_in(instruction) for space in ("", " "))
         renames = tuple(
             (tuple(tokenize(space + old)), tuple(tokenize(space + new)))
-            for old, new in renames_in(instruction) for space in ("", " ")
-        )  # fmt: skip
+            for old, new in renames_in(instruction)
+            for space in ("", " ")
+        )
         return cls(corpus=corpus, hints=hints, newline=lambda token: b"\n" in piece(token), renames=renames)
 
     def continuation(self, committed: list[int], k: int) -> tuple[int, list[int]]:

@@ -5,11 +5,16 @@ the draft's runner-up token has probability >= p_split and fewer than N branches
 sequence is forked (seq_cp: the cells are shared, not copied) and the fork continues from the runner-up.
 All branches advance together: one draft decode per depth carries each branch's newest token in its own
 sequence, and the target verifies the whole tree in one batch (engine/shapes.py).
+
+Nothing is fed to the draft model before a round it drafts in: its context is opened (the model loaded) at its
+first draft, and then holds a window of the text (drafting/window.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from types import EllipsisType
+from typing import Callable
 
 import numpy as np
 
@@ -18,6 +23,7 @@ from ..engine.drafter import Draft, Drafter
 from ..engine.kv import Branches, Sequence
 from ..engine.sampling import NonFiniteLogits, Sampler, draw, entropy
 from ..engine.shapes import CHAIN, Tree
+from . import window
 
 
 class DraftPolicy:
@@ -48,46 +54,74 @@ class ModelDrafter(Drafter):
     A draft whose logits turn non-finite (NaN weights) stops drafting for good: `failed`.
 
     A constrained run (`grammar`: its state before the first generated token) masks the draft's rows as the
-    target's are: its proposals are tokens the grammar allows, and a sampled draft's q is the masked distribution."""
+    target's are: its proposals are tokens the grammar allows, and a sampled draft's q is the masked distribution.
+
+    `seq`: the draft's sequence, or how to open it (load the model, take its context) at the first draft.
+    `window`: the tokens of the text's tail its cache holds when it drafts (window.py; None: the whole text).
+    `loaded`: whether the draft model is loaded (opening it may load it)."""
 
     name = "model"
 
     def __init__(
-        self, seq: Sequence, p_min: float = 0.0, max_branches: int = 1, p_split: float = 0.1, max_nodes: int = 63,
-        vocab: int | None = None, grammar: State | None = None,
-    ):  # fmt: skip
+        self,
+        seq: Sequence | Callable[[], Sequence],
+        p_min: float = 0.0,
+        max_branches: int = 1,
+        p_split: float = 0.1,
+        max_nodes: int = 63,
+        vocab: int | None = None,
+        grammar: State | None = None,
+        window: int | None = None,
+        loaded: Callable[[], bool] = lambda: True,
+    ):
         self.follow = Follow(grammar) if grammar is not None else None
-        self.cache = Branches(seq)  # the draft's sequence, and a tree's forks (or a recurrent state's copy)
+        self._open = seq if callable(seq) else (lambda: seq)
+        self.loaded = loaded  # whether opening it loads nothing (the draft model is loaded already)
+        self.cache: Branches | None = None  # the draft's sequence and a tree's forks, once opened
         self.p_min = p_min
         self.max_branches = max_branches
         self.p_split = p_split
         self.max_nodes = max_nodes  # a tree's nodes + 1 must fit the target's output rows
-        self.vocab = min(vocab or seq.ctx.n_vocab, seq.ctx.n_vocab)  # ids a draft may propose
+        self._vocab = vocab  # ids a draft may propose: below the target's vocabulary and its own
+        self.window = window
         self.failed = False
         self._notice: str | None = None  # why it failed, until a round has carried it to the user
+        self._read = 0  # the text's tokens checked to be in the draft's vocabulary (`_readable`)
+
+    @property
+    def opened(self) -> bool:
+        return self.cache is not None
 
     @property
     def seq(self) -> Sequence:
+        """The draft's main sequence, opened (the draft model loaded) on first use."""
+        if self.cache is None:
+            self.cache = Branches(self._open())
         return self.cache.main
+
+    @property
+    def vocab(self) -> int:
+        n = self.seq.ctx.n_vocab
+        return min(self._vocab or n, n)
 
     def prefill(self, tokens: list[int]) -> None:
         if self.follow is not None:
             self.follow.prefill(tokens)
-        if self._readable(tokens) and self._fits(len(tokens) + 1):
-            self.seq.append(tokens[len(self.seq) :])  # the cache may hold a prefix already (a server's reuse)
 
     def _readable(self, tokens: list[int]) -> bool:
-        """Whether the draft has every id of `tokens` (the target's vocabulary may be up to 128 ids larger:
+        """Whether the draft has every id of the text (the target's vocabulary may be up to 128 ids larger:
         llama.cpp pairs them). If not, it stops drafting for good: it cannot follow the text."""
-        top = max(tokens, default=-1)
+        top = max(tokens[self._read :], default=-1)
+        self._read = len(tokens)
         if top >= self.seq.ctx.n_vocab:
             self._fail(f"cannot read token {top} of the text (its vocabulary has {self.seq.ctx.n_vocab} ids)")
         return not self.failed
 
-    def _fits(self, n: int) -> bool:
+    def _fits(self, n: int, size: int | None) -> bool:
         """Whether a text of n tokens fits the draft's context, which may be shorter than the target's (the
-        draft's own trained length). If not, it stops drafting for good: the text only grows."""
-        if n > self.seq.ctx.n_ctx:
+        draft's own trained length): a window always does; a whole text that outgrows it stops the draft for
+        good (the text only grows)."""
+        if size is None and n > self.seq.ctx.n_ctx:
             self._fail(f"has a context of {self.seq.ctx.n_ctx:,} tokens (as it was trained) and the text outgrew it")
         return not self.failed
 
@@ -100,20 +134,29 @@ class ModelDrafter(Drafter):
         notice, self._notice = self._notice, None
         return notice
 
-    def lag(self, committed: list[int]) -> int:
-        """Tokens the next draft decode must feed before it can draft (1 when the cache is in step)."""
-        return len(committed) - len(self.seq)
+    def lag(self, committed: list[int], k: int = 1, size: int | None | EllipsisType = ...) -> int:
+        """Tokens the next draft must feed before it can draft (1 when the cache is in step): what its window
+        of `size` (... : its own; None: the whole text) lacks, and the last token."""
+        size = self.window if size is ... else size
+        if self.cache is None:  # nothing fed yet
+            return window.to_feed(0, 0, len(committed) - 1, size) + 1
+        seq = self.seq
+        return window.to_feed(seq.covers, seq.dropped, len(committed) - 1, window.fit(seq.ctx, size, k)) + 1
 
     def propose(
         self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator, policy: DraftPolicy = FIXED
     ) -> Draft:
         """Draft up to k tokens; `policy` may end the draft early or veto a fork (auto's cost model)."""
-        k = min(k, self.seq.ctx.n_ctx - len(committed) + 1)  # d_k is never decoded: d_k-1 takes the last cell
-        if not self.failed and self._readable(committed[len(self.seq) :]) and self._fits(len(committed)):
-            try:
-                return self._draft(committed, k, sampler, rng, policy)
-            except NonFiniteLogits as e:  # nothing drafted from these logits can be trusted
-                self._fail(f"produced non-finite logits ({e})")
+        if not self.failed and self._readable(committed):
+            size = window.fit(self.seq.ctx, self.window, k)
+            if self._fits(len(committed), size):
+                try:
+                    fed = window.to_feed(self.seq.covers, self.seq.dropped, len(committed) - 1, size)
+                    window.prepare(self.seq, committed[:-1], size)  # the draft's prefill: its window, now
+                    k = min(k, self.seq.ctx.n_ctx - len(self.seq))  # d_k is never decoded: d_k-1 takes the last cell
+                    return replace(self._draft(committed, k, sampler, rng, policy), fed=fed)
+                except NonFiniteLogits as e:  # nothing drafted from these logits can be trusted
+                    self._fail(f"produced non-finite logits ({e})")
         # The round goes on as plain decoding.
         return Draft([], None, source=self.name, k=k, notice=self.take_notice())
 
@@ -121,26 +164,43 @@ class ModelDrafter(Drafter):
         ctx = self.seq.ctx
         # A tree must also fit the cache cells left near the end of the context, and one decode batch; a
         # chain needs only positions (k fits them already).
-        room = k if self.max_branches == 1 else min(self.max_nodes, ctx.n_ctx - len(committed), ctx.n_batch - 1)
+        room = k if self.max_branches == 1 else min(self.max_nodes, ctx.n_ctx - len(self.seq) - 1, ctx.n_batch - 1)
         t = draft_tree(
-            self.cache, committed, k, sampler, rng, max_branches=self.max_branches, p_split=self.p_split,
-            p_min=self.p_min, policy=policy, max_nodes=room, vocab=self.vocab,
+            self.cache,
+            committed,
+            k,
+            sampler,
+            rng,
+            max_branches=self.max_branches,
+            p_split=self.p_split,
+            p_min=self.p_min,
+            policy=policy,
+            max_nodes=room,
+            vocab=self.vocab,
             state=self.follow.at(committed) if self.follow is not None else None,
-        )  # fmt: skip
+        )
         forked = len(t.tips) > 1  # without a fork it is a chain, verified the usual way
         return Draft(
-            t.tokens, np.stack(t.q) if t.q else None, source=self.name, k=k, confidence=tuple(t.confidence),
-            entropy=sum(t.entropy) / len(t.entropy) if t.tokens else None, shape=t.shape() if forked else CHAIN,
+            t.tokens,
+            np.stack(t.q) if t.q else None,
+            source=self.name,
+            k=k,
+            confidence=tuple(t.confidence),
+            entropy=sum(t.entropy) / len(t.entropy) if t.tokens else None,
+            shape=t.shape() if forked else CHAIN,
             decodes=0 if forked else len(t.tokens),  # a tree's batched decodes say little of one token's cost
-        )  # fmt: skip
+        )
 
     def rollback(self, n: int, draft: Draft | None = None, winner: int = 0) -> None:
+        if self.cache is None:
+            return
         if len(self.cache) > 1 and self.max_branches == 1:  # a recurrent draft's copy (draft_tree)
-            winner = int(n >= len(self.cache.seqs[1]))  # it holds only accepted tokens: it takes the main's place
+            winner = int(n >= self.cache.seqs[1].covers)  # it holds only accepted tokens: it takes the main's place
         self.cache.settle(winner, n)
 
     def check(self, committed: list[int]) -> None:
-        self.cache.check(committed)
+        if self.cache is not None:
+            self.cache.check(committed)
 
 
 @dataclass
@@ -181,17 +241,27 @@ class Nodes:
 
 
 def draft_tree(
-    cache: Branches, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator, *,
-    max_branches: int = 1, p_split: float = 1.0, p_min: float = 0.0, policy: DraftPolicy = FIXED,
-    max_nodes: int = 63, vocab: int | None = None, state: State | None = None,
-) -> Nodes:  # fmt: skip
+    cache: Branches,
+    committed: list[int],
+    k: int,
+    sampler: Sampler,
+    rng: np.random.Generator,
+    *,
+    max_branches: int = 1,
+    p_split: float = 1.0,
+    p_min: float = 0.0,
+    policy: DraftPolicy = FIXED,
+    max_nodes: int = 63,
+    vocab: int | None = None,
+    state: State | None = None,
+) -> Nodes:
     """Draft a tree at most k deep, with at most max_branches branches (1: a chain) and max_nodes nodes,
     of ids below `vocab`, each allowed by the grammar from `state` on (None: unconstrained); `cache` holds
     the forks afterwards."""
     if k <= 0:
         return Nodes(tips=[-1])
     ctx = cache.main.ctx
-    feed = committed[len(cache.main) :]  # the gap the cache lags behind (at least the last token)
+    feed = committed[cache.main.covers :]  # the gap the cache lags behind (at least the last token)
     first = cache.main.append(feed)[0][:vocab]
     rows = [first.copy() if max_branches > 1 else first]  # rows[i]: logits after active branch i's newest token
     seqs = {0: cache.main}  # where each branch decodes: a recurrent chain's goes on in a copy (below)
@@ -218,23 +288,14 @@ def draft_tree(
             tree.tips[b] = tree.add(d, parent, None if sampler.greedy else dist, float(dist[d]), entropy(dist))
             candidates = [(b, d)]
             if len(cache) < max_branches and spare > 0:
-                rest = dist.copy()
-                rest[d] = 0.0
-                r = int(rest.argmax()) if st is None or not sampler.greedy else _runner_up(row, d, st)
-                if (
-                    rest[r] >= p_split and rest[r] > 0
-                    and policy.fork_pays([tree.confidence[i] for i in tree.path(parent)], float(rest[r]), k - depth,
-                                         len(tree.tokens))
-                ):  # fmt: skip
-                    # The sibling is drawn from q without the tokens already drafted here (multi_draft_accept).
-                    q2 = rest / rest.sum()
-                    x = r if sampler.greedy else draw(q2, rng)
+                sibling = _sibling(tree, parent, dist, row, d, st, sampler, rng, policy, p_split, k - depth)
+                if sibling is not None:
                     spare -= 1
                     nb = cache.fork(b)  # shares branch b's cells up to the parent
                     seqs[nb] = cache.seqs[nb]
-                    tree.tips.append(tree.add(x, parent, None if sampler.greedy else q2, float(dist[x]), entropy(q2)))
+                    tree.tips.append(sibling)
                     active.append(nb)
-                    candidates.append((nb, x))
+                    candidates.append((nb, tree.tokens[sibling]))
             for br, t in candidates:
                 if st is not None and not ctx.model.is_eog(t):
                     states[br] = st.after(t)
@@ -246,18 +307,48 @@ def draft_tree(
             break
         if depth == k - 1 or not batch:
             break
-        if max_branches == 1:  # a chain: a one-token decode
-            (b, t), = batch  # fmt: skip
-            if ctx.max_rollback is not None and seqs[0] is cache.main:
-                # A recurrent state cannot drop draft tokens from a string of one-token decodes: they go to
-                # a copy of it (seq_cp shares it; llama.cpp copies it at the copy's first decode).
-                seqs[0] = cache.seqs[cache.fork(0)]
-            rows = [seqs[0].append([t])[0][:vocab]]
-        else:
-            out = cache.decode([t for _, t in batch], [(br,) for br, _ in batch])
-            rows = [out[i][:vocab].copy() for i in range(len(batch))]
+        rows = _decode(cache, seqs, batch, max_branches, vocab)
         active = [br for br, _ in batch]
     return tree
+
+
+def _sibling(
+    tree: Nodes,
+    parent: int,
+    dist: np.ndarray,
+    row: np.ndarray,
+    d: int,
+    st: State | None,
+    sampler: Sampler,
+    rng: np.random.Generator,
+    policy: DraftPolicy,
+    p_split: float,
+    left: int,
+) -> int | None:
+    """A fork beside node d (a new node, or None): the runner-up where it has p_split and the policy says a fork
+    pays. It is drawn from q without the token already drafted here (shapes.multi_draft_accept's rule)."""
+    rest = dist.copy()
+    rest[d] = 0.0
+    r = int(rest.argmax()) if st is None or not sampler.greedy else _runner_up(row, d, st)
+    path = [tree.confidence[i] for i in tree.path(parent)]
+    if not (rest[r] >= p_split and rest[r] > 0 and policy.fork_pays(path, float(rest[r]), left, len(tree.tokens))):
+        return None
+    q2 = rest / rest.sum()
+    x = r if sampler.greedy else draw(q2, rng)
+    return tree.add(x, parent, None if sampler.greedy else q2, float(dist[x]), entropy(q2))
+
+
+def _decode(cache: Branches, seqs: dict, batch: list[tuple[int, int]], max_branches: int, vocab: int | None):
+    """The next depth's logits rows: a chain's one-token decode, or one decode over every branch's newest token."""
+    if max_branches == 1:
+        ((b, t),) = batch
+        if cache.main.ctx.max_rollback is not None and seqs[0] is cache.main:
+            # A recurrent state cannot drop draft tokens from a string of one-token decodes: they go to
+            # a copy of it (seq_cp shares it; llama.cpp copies it at the copy's first decode).
+            seqs[0] = cache.seqs[cache.fork(0)]
+        return [seqs[0].append([t])[0][:vocab]]
+    out = cache.decode([t for _, t in batch], [(br,) for br, _ in batch])
+    return [out[i][:vocab].copy() for i in range(len(batch))]
 
 
 def _runner_up(row: np.ndarray, best: int, state: State) -> int:

@@ -45,8 +45,12 @@ def along(draft: Draft, state: State, sampler: Sampler) -> tuple[Draft, list[Sta
     if not isinstance(draft.shape, Tree) and None in nodes:
         bad = nodes.index(None)
         keep = bad + (draft.q is not None and not sampler.greedy)  # a sampled draft keeps its rejected token
-        draft = replace(draft, tokens=draft.tokens[:keep], q=None if draft.q is None else draft.q[:keep],
-                        confidence=draft.confidence[:keep])  # fmt: skip
+        draft = replace(
+            draft,
+            tokens=draft.tokens[:keep],
+            q=None if draft.q is None else draft.q[:keep],
+            confidence=draft.confidence[:keep],
+        )
         nodes = nodes[:keep]
     return draft, [state, *nodes]
 

@@ -27,6 +27,7 @@ class Context(Protocol):
     n_seq: int  # sequences (a tree's branches)
     n_vocab: int
     max_rollback: int | None  # None: any tail of a sequence can go (KV cells); else a recurrent state's snapshots
+    can_shift: bool  # cells can be moved to other positions (seq_add): a draft's window can slide
 
     def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str | int) -> np.ndarray:
         """Decode tokens at pos0.. in one sequence; logits rows: "last", "all", or from index i on."""
@@ -47,5 +48,9 @@ class Context(Protocol):
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
 
     def seq_keep(self, seq: int) -> None: ...
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move the cells of positions [p0, p1) (-1: open end) by `delta` positions (llama.cpp's K-shift)."""
+        ...
 
     def seq_pos_range(self, seq: int) -> tuple[int, int]: ...

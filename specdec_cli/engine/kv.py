@@ -2,7 +2,8 @@
 
 A `Sequence` owns what one llama.cpp sequence holds: the token ids at positions 0..len-1.
 Every decode appends to it and every rollback truncates it, so the engine can always say, and
-in debug mode check, that a cache holds exactly a prefix of the committed text.
+in debug mode check, that a cache holds exactly a prefix of the committed text, or (a draft's window,
+drafting/window.py) the text's first `sinks` tokens and then its tail, with the middle left out.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ class Sequence:
     def __init__(self, ctx: Context, seq_id: int = 0, tokens: list[int] | None = None):
         self.ctx = ctx
         self.seq_id = seq_id
-        self.tokens: list[int] = list(tokens or [])
+        self.tokens: list[int] = list(tokens or [])  # what the cache holds, at positions 0..len-1
+        # A window (`cut`): the cache holds the text's first `sinks` tokens, then the text from sinks +
+        # `dropped` on, renumbered; 0 and 0: a prefix of the text, as every target's and most drafts' are.
+        self.sinks = 0
+        self.dropped = 0
         # A recurrent cache (ctx.max_rollback not None) can drop only tokens of its last decode, one
         # rollback per decode (llama.cpp's snapshots): how many it can drop now.
         self._undo = 0
@@ -42,6 +47,11 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def covers(self) -> int:
+        """How much of the text it stands for: its first `covers` tokens (some of the middle left out)."""
+        return len(self.tokens) + self.dropped
 
     def append(self, tokens: list[int], outputs: str | int = "last") -> np.ndarray:
         """Decode `tokens` after what the cache holds; return logits rows ("last", "all", or i: the
@@ -68,12 +78,17 @@ class Sequence:
         return 0 if self.ctx.max_rollback is None else len(self.tokens) - self._undo
 
     def rollback(self, n: int) -> None:
-        """Forget every position >= n, so the cache holds the first n tokens (or fewer, if it had fewer).
+        """Forget the text from token n on, so the cache stands for its first n tokens (or fewer, if it had
+        fewer). A window whose tail starts after n keeps only what it holds of the text's first n: its sinks.
 
         A recurrent state goes back only to a snapshot of its last decode: further back, the sequence is
         cleared and holds nothing (a prefix all the same: the next decode feeds the text again)."""
-        if n >= len(self.tokens):
+        if n >= self.covers:
             return
+        if self.dropped and n < self.sinks + self.dropped:  # the tail goes whole: a prefix again
+            n, self.sinks, self.dropped = min(n, self.sinks), 0, 0
+        else:
+            n -= self.dropped  # the position that text token n sits at
         recurrent = self.ctx.max_rollback is not None
         if recurrent and len(self.tokens) - n > self._undo:
             clear(self.ctx, [self.seq_id])
@@ -83,14 +98,38 @@ class Sequence:
         self._undo = 0  # llama.cpp: one rollback per decode
         del self.tokens[n:]
 
+    def shared(self, text: list[int]) -> int:
+        """The longest prefix of `text` it stands for. A window's left-out middle is not compared: its tail
+        was computed without it (a draft's guesses may lean on it; the target never does)."""
+        held = [(i, t) for i, t in enumerate(self.tokens[: self.sinks])]
+        held += [(self.sinks + self.dropped + j, t) for j, t in enumerate(self.tokens[self.sinks :])]
+        return next((i for i, t in held if i >= len(text) or text[i] != t), min(self.covers, len(text)))
+
+    def cut(self, sinks: int, n: int) -> None:
+        """Leave out the next n tokens of the text after the first `sinks` (the attention sinks, which stay):
+        the cells of those it holds go and the rest of its tail moves down (llama.cpp's K-shift,
+        `ctx.can_shift`); those it does not hold yet are never fed."""
+        if (self.dropped and sinks != self.sinks) or len(self.tokens) < sinks:
+            raise ValueError(f"cannot leave out tokens after {sinks} sinks of a window of {len(self.tokens)}")
+        held = min(n, len(self.tokens) - sinks)
+        if held:
+            self.ctx.seq_rm(self.seq_id, sinks, sinks + held)
+            self.ctx.seq_add(self.seq_id, sinks + held, -1, -held)
+            del self.tokens[sinks : sinks + held]
+        self.sinks = sinks
+        self.dropped += n
+
     def fork(self, seq_id: int) -> Sequence:
         """A new sequence `seq_id` sharing this one's cells (no copy of the KV data in a unified cache)."""
         clear(self.ctx, [seq_id])
         self.ctx.seq_cp(self.seq_id, seq_id, -1, -1)
-        return Sequence(self.ctx, seq_id, self.tokens)
+        fork = Sequence(self.ctx, seq_id, self.tokens)
+        fork.sinks, fork.dropped = self.sinks, self.dropped
+        return fork
 
     def check(self, committed: list[int]) -> None:
-        """Debug invariant: the cache holds exactly our tokens, and they are a prefix of `committed`."""
+        """Debug invariant: the cache holds exactly our tokens, and they are a prefix of `committed` (a
+        window's: its sinks, then the text from sinks + dropped on)."""
         n = len(self.tokens)
         lo, hi = self.ctx.seq_pos_range(self.seq_id)
         # A recurrent state stands for every position up to its last: llama.cpp reports that one as min and max.
@@ -99,7 +138,8 @@ class Sequence:
             raise KVInvariantError(
                 f"{self.ctx.model.name} seq {self.seq_id}: cache holds positions {lo}..{hi}, expected {expected}"
             )
-        if self.tokens != committed[:n]:
+        text = committed[: self.sinks] + committed[self.sinks + self.dropped : self.covers]
+        if self.tokens != text:
             raise KVInvariantError(f"{self.ctx.model.name} seq {self.seq_id}: cached tokens differ from committed text")
 
 
@@ -157,7 +197,7 @@ class Branches:
             ctx.seq_keep(w.seq_id)  # every cell outside the winner is freed, the main sequence's included
             ctx.seq_cp(w.seq_id, main.seq_id, -1, -1)
             clear(ctx, [w.seq_id])
-            main.tokens, main._undo = w.tokens, w._undo
+            main.tokens, main._undo, main.sinks, main.dropped = w.tokens, w._undo, w.sinks, w.dropped
         else:
             clear(ctx, [s.seq_id for s in self.seqs[1:]])
         del self.seqs[1:]
@@ -189,10 +229,8 @@ class Kept:
         before, back to the longest prefix it shares with the prompt but its last token (forks dropped)."""
         seq = self._held.pop(ctx, None)
         if reuse and seq is not None and self._at == self._version():
-            held, prompt = seq.tokens, tokens[:-1]
-            n = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt)))
             clear(ctx, range(1, ctx.n_seq))
-            seq.rollback(n)
+            seq.rollback(seq.shared(tokens[:-1]))
         else:
             seq = Sequence.empty(ctx)
         self._taken[ctx] = seq

@@ -78,10 +78,7 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if len(committed) - len(main) > main.ctx.n_batch // 2:  # a long lag (ordered_cells, a cleared state) alone
             main.append(committed[len(main) : -1])
         feed = committed[len(main) :]  # what the target's cache lacks: the last token, or more
-        # Never draft past the token budget, the context or one decode batch: those tokens could not be used.
-        k = min(settings.draft_tokens, room, main.ctx.n_batch - len(feed), settings.max_tokens - generated - 1)
-        if main.ctx.max_rollback is not None:  # a recurrent target drops a rejected tail only from its snapshots
-            k = min(k, main.ctx.max_rollback)
+        k = _room(main, settings, len(feed), generated, room)
 
         t_round = time.perf_counter()
         draft, winner, n_before, in_order, states = EMPTY, 0, len(committed), None, None
@@ -110,9 +107,12 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             yield Notice(message=draft.notice)
 
         outcome = Outcome(
-            path=path, token=token, draft_seconds=t_draft - t_round, verify_seconds=t_verify - t_draft,
+            path=path,
+            token=token,
+            draft_seconds=t_draft - t_round,
+            verify_seconds=t_verify - t_draft,
             sure=sure,
-        )  # fmt: skip
+        )
         drafter.observe(draft, outcome)
         if settings.debug:
             target.check(committed)
@@ -128,6 +128,13 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if eog:
             yield Stopped(reason="eos", complete=True if state is not None else None)  # the grammar allowed it
             return
+
+
+def _room(main: Sequence, settings: Settings, feed: int, generated: int, room: int) -> int:
+    """The longest draft this round: never past the token budget, the context or one decode batch (those
+    tokens could not be used), nor past a recurrent target's snapshots (it drops a rejected tail only there)."""
+    k = min(settings.draft_tokens, room, main.ctx.n_batch - feed, settings.max_tokens - generated - 1)
+    return min(k, main.ctx.max_rollback) if main.ctx.max_rollback is not None else k
 
 
 def rollback(
@@ -162,8 +169,9 @@ def _round(draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, reje
     )
 
 
-def _accept(rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model, at: int,
-            states: list[State | None] | None) -> tuple[list[int], int]:  # fmt: skip
+def _accept(
+    rows: np.ndarray, draft: Draft, sampler: Sampler, rng, model: Model, at: int, states: list[State | None] | None
+) -> tuple[list[int], int]:
     """(accepted draft positions, the target's token) by the rule for the draft's shape, on rows masked by
     their grammar `states` where constrained; the target's logits at position `at` must be finite."""
     try:

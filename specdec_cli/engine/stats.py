@@ -71,6 +71,7 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: rounds whose draft token i was accepted
     by_drafter: dict[str, DrafterStats] = field(default_factory=dict)  # "none" | "lookup" | "model"
     prefill_seconds: float = 0.0
+    ttft_seconds: float = 0.0  # time to first token: the prefill and the first round (which emits it)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     generation_seconds: float = 0.0
@@ -88,6 +89,8 @@ class Stats:
             self.draft_seconds += event.draft_seconds
             self.verify_seconds += event.verify_seconds
             self.generation_seconds += event.seconds
+            if self.rounds == 1:
+                self.ttft_seconds = self.prefill_seconds + event.seconds
             self.by_drafter.setdefault(event.drafter, DrafterStats()).add(event)
             self.branches += event.branches
             if event.branches > 1:
@@ -151,7 +154,18 @@ class Stats:
 
     @property
     def tokens_per_second(self) -> float:
+        """Generation only: what the rounds produced over the time they took (the prefill left out)."""
         return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+    @property
+    def wall_seconds(self) -> float:
+        """What the whole request took: the prefill (and the run's set-up) and the generation."""
+        return self.prefill_seconds + self.generation_seconds
+
+    @property
+    def wall_tokens_per_second(self) -> float:
+        """Over the whole request, as the user waits for it: the prefill counted."""
+        return self.generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
 
     def as_dict(self) -> dict:
         return {
@@ -164,11 +178,13 @@ class Stats:
             "mean_accepted": round(self.mean_accepted, 4),
             "per_position_accept": [round(x, 4) for x in self.per_position_accept],
             "tokens_per_second": round(self.tokens_per_second, 3),
+            "wall_tokens_per_second": round(self.wall_tokens_per_second, 3),
+            "ttft_seconds": round(self.ttft_seconds, 4) if self.rounds else None,
             "prefill_seconds": round(self.prefill_seconds, 4),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
             "generation_seconds": round(self.generation_seconds, 4),
-            "wall_seconds": round(self.prefill_seconds + self.generation_seconds, 4),
+            "wall_seconds": round(self.wall_seconds, 4),
             "by_drafter": {name: d.as_dict() for name, d in sorted(self.by_drafter.items())},
             "mean_branches": round(self.branches / self.rounds, 4) if self.rounds else 0.0,
             "tree_rounds": self.tree_rounds,

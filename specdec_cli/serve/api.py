@@ -58,8 +58,18 @@ NOT_DONE = {  # fields whose request would change the answer's form, which we ca
     "top_logprobs": "log probabilities",
 }
 # OpenAI's fields that change nothing here (who asks, what the service stores or bills): accepted, ignored.
-IGNORED = {"model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-           "parallel_tool_calls", "reasoning_effort", "verbosity"}  # fmt: skip
+IGNORED = {
+    "model",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "parallel_tool_calls",
+    "reasoning_effort",
+    "verbosity",
+}
 # Every field a body may have; any other is refused as OpenAI refuses it (a typo such as `temprature`
 # would otherwise run with the default, unnoticed).
 READ = {"stream", "stream_options", "stop", "exact", "cache_prompt", "response_format"}
@@ -72,8 +82,15 @@ FIELDS = {
 class ApiError(Exception):
     """A request we refuse: an HTTP status and OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 retry_after: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.retry_after = retry_after
@@ -171,13 +188,15 @@ def _response_format(value: Any) -> str | None:
         spec = value.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise ApiError(400, "response_format.json_schema.schema must be a JSON Schema object",
-                           param="response_format")  # fmt: skip
+            raise ApiError(
+                400, "response_format.json_schema.schema must be a JSON Schema object", param="response_format"
+            )
         try:
             return grammar.from_schema(json.dumps(schema))
         except UsageError as e:
-            raise ApiError(400, f"response_format: {e.message.removeprefix('--json-schema').lstrip(': ')}",
-                           param="response_format") from None  # fmt: skip
+            raise ApiError(
+                400, f"response_format: {e.message.removeprefix('--json-schema').lstrip(': ')}", param="response_format"
+            ) from None
     raise ApiError(400, 'response_format.type must be "text", "json_object" or "json_schema"', param="response_format")
 
 
@@ -271,8 +290,14 @@ def _stop(value: Any) -> list[str]:
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-            dict: "an object"}.get(type(value), type(value).__name__)  # fmt: skip
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
 class StopText:
@@ -325,8 +350,12 @@ def usage(stats: Stats, cached: int) -> dict:
 def completion(req: Request, rid: str, model: str, text: str, reason: str, stats: Stats, cached: int) -> dict:
     """The whole response of a request that did not stream."""
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": reason}  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": reason,
+        }
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
     return {
@@ -340,8 +369,16 @@ def completion(req: Request, rid: str, model: str, text: str, reason: str, stats
     }
 
 
-def chunk(req: Request, rid: str, model: str, text: str | None, reason: str | None = None, *,
-          first: bool = False, extra: dict | None = None) -> dict:  # fmt: skip
+def chunk(
+    req: Request,
+    rid: str,
+    model: str,
+    text: str | None,
+    reason: str | None = None,
+    *,
+    first: bool = False,
+    extra: dict | None = None,
+) -> dict:
     """One server-sent event of a stream. Chat: the first carries the role; the last, finish_reason
     (and, here, usage and the speculative statistics)."""
     if req.kind == "chat":

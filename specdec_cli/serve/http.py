@@ -177,8 +177,9 @@ class Handler(BaseHTTPRequestHandler):
             if finished is None:  # the client left
                 self.close_connection = True
                 return
-            self._send_json(200, api.completion(req, rid, model, text, finished.reason, finished.stats,
-                                                finished.cached))  # fmt: skip
+            self._send_json(
+                200, api.completion(req, rid, model, text, finished.reason, finished.stats, finished.cached)
+            )
             self._log(req, finished, time.perf_counter() - t0)
         finally:
             pieces.close()  # the generation's own finally: caches rolled back, the gate let go

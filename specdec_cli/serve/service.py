@@ -60,9 +60,11 @@ class Gate:
         with self._cond:
             if self._busy and self._waiting >= self.queue:
                 raise ApiError(
-                    503, f"busy: a generation is running and {self._waiting} request(s) wait (the queue holds "
-                    f"{self.queue})", code="queue_full", retry_after=self._retry_after(),
-                )  # fmt: skip
+                    503,
+                    f"busy: a generation is running and {self._waiting} request(s) wait (the queue holds {self.queue})",
+                    code="queue_full",
+                    retry_after=self._retry_after(),
+                )
             self._waiting += 1
             try:
                 while self._busy and not self.closing:
@@ -107,9 +109,11 @@ class Service:
         answers it, and the response's `model` says which model that is."""
         if name is not None and name not in self.model_ids:
             raise ApiError(
-                404, f"the model {name!r} does not exist: this server serves {', '.join(sorted(self.model_ids))}",
-                param="model", code="model_not_found",
-            )  # fmt: skip
+                404,
+                f"the model {name!r} does not exist: this server serves {', '.join(sorted(self.model_ids))}",
+                param="model",
+                code="model_not_found",
+            )
 
     def tokens(self, req: Request) -> list[int]:
         """The prompt as the target reads it: chat messages in its template (the server's --system
@@ -125,21 +129,27 @@ class Service:
                 return s.prompt_tokens(messages=messages)
             return s.prompt_tokens(req.prompt, chat=req.template)
         except UsageError as e:
-            raise ApiError(400, e.message, param="messages" if req.kind == "chat" else "prompt",
-                           code="context_length_exceeded" if isinstance(e, PromptTooLong) else None) from None  # fmt: skip
+            raise ApiError(
+                400,
+                e.message,
+                param="messages" if req.kind == "chat" else "prompt",
+                code="context_length_exceeded" if isinstance(e, PromptTooLong) else None,
+            ) from None
 
     def overrides(self, req: Request) -> dict:
         """The request's settings over the server's, checked by the options' own rules (RunConfig.override)."""
         cfg = self.session.cfg
         if req.exact is not None and req.exact != cfg.exact:
             raise ApiError(
-                400, f"exact mode is chosen when the server starts (this one runs {'with' if cfg.exact else 'without'}"
-                " --exact): it changes how the target model is loaded", param="exact",
-            )  # fmt: skip
-        if req.settings.get("drafter") == "model" and self.session.draft is None:
-            raise ApiError(400, "drafter 'model' needs a draft model, and this server has none loaded", param="drafter")
+                400,
+                f"exact mode is chosen when the server starts (this one runs {'with' if cfg.exact else 'without'}"
+                " --exact): it changes how the target model is loaded",
+                param="exact",
+            )
         try:
-            cfg.override(**req.settings)
+            run = cfg.override(**req.settings)
+            if run.drafter != cfg.drafter:
+                self.session.able(run.drafter)
         except OptionError as e:
             raise ApiError(400, f"{api_name(e.key)} {e.rule}", param=api_name(e.key)) from None
         except UsageError as e:

@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from ..drafting import DRAFTERS, is_plain, round_label, source_order
 from ..engine.events import Origin, Token
 from ..engine.stats import Stats
 
@@ -100,8 +101,13 @@ def stat_rows(stats: Stats) -> list[tuple[str, str]]:
     return (
         [
             ("generated", f"{stats.generated_tokens} tokens (stop: {stats.stop_reason or 'interrupted'})"),
-            ("speed", f"{stats.tokens_per_second:.2f} tokens/s over {stats.generation_seconds:.2f} s of generation"),
+            (
+                "wall",
+                f"{stats.wall_seconds:.2f} s, {stats.wall_tokens_per_second:.2f} tokens/s; first token after "
+                f"{stats.ttft_seconds:.2f} s",
+            ),
             ("prefill", f"{stats.prompt_tokens} prompt tokens in {stats.prefill_seconds:.2f} s"),
+            ("generation", f"{stats.tokens_per_second:.2f} tokens/s over {stats.generation_seconds:.2f} s"),
             ("rounds", f"{stats.rounds} target verifications"),
             ("drafted / accepted", f"{stats.drafted} / {stats.accepted}  (accept rate {stats.accept_rate:.1%})"),
             ("mean accepted", f"{stats.mean_accepted:.2f} tokens per verification (plain decoding: 1.00)"),
@@ -121,29 +127,29 @@ def _tree_rows(stats: Stats) -> list[tuple[str, str]]:
     if not stats.tree_rounds:
         return []
     wins = " ".join(f"{b}:{w}" for b, w in enumerate(stats.branch_wins))
-    return [(
-        "branches",
-        f"{stats.branches / stats.rounds:.2f} per round; {stats.tree_rounds} rounds forked, won by branch {wins}; "
-        f"verified {stats.drafted}, accepted {stats.accepted}",
-    )]  # fmt: skip
+    return [
+        (
+            "branches",
+            f"{stats.branches / stats.rounds:.2f} per round; {stats.tree_rounds} rounds forked, won by branch {wins}; "
+            f"verified {stats.drafted}, accepted {stats.accepted}",
+        )
+    ]
 
 
 def _drafter_rows(stats: Stats) -> list[tuple[str, str]]:
     """Per drafter, whenever one drafted: rounds, mean chosen k, yield, the draft model's entropy."""
     parts = stats.by_drafter
-    if set(parts) <= {"none"}:
+    if not any(d.drafted for d in parts.values()):
         return []
     rows = []
-    for name in ("none", "lookup", "model"):
-        d = parts.get(name)
-        if d is None:
-            continue
+    for name in sorted(parts, key=source_order):
+        d = parts[name]
         text = f"{d.rounds} rounds ({d.rounds / stats.rounds:.0%})"
-        if name != "none":
+        if not is_plain(name):
             text += f", mean k {d.chosen_k / d.rounds:.1f}, drafted {d.drafted}, accepted {d.accepted}"
         if d.entropy_rounds:
             text += f", draft entropy {d.entropy / d.entropy_rounds:.2f} nats"
-        rows.append((f"  {'plain' if name == 'none' else name}", text))
+        rows.append((f"  {round_label(name)}", text))
     both = stats.predicted_vs_realised()
     if both:
         rows.append(("predicted / realised", f"{both[0]:.2f} / {both[1]:.2f} tokens per round"))
@@ -165,9 +171,14 @@ class byte_progress:
 
     def __init__(self, label: str, total: int):
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), console=_err, transient=False,
-        )  # fmt: skip
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=_err,
+            transient=False,
+        )
         self._task = self._progress.add_task(label, total=total)
 
     def __enter__(self):
@@ -213,8 +224,10 @@ def label(
 ) -> str:
     """A configuration in words, as generate, serve and bench show it: 'model k=3 b=2', 'lookup k=auto',
     'auto', 'none', '... (exact)'. The auto drafter chooses its own k: named only where asked (`k_for_auto`)."""
+    kind = DRAFTERS.get(drafter)
     k = "auto" if draft_tokens is None else draft_tokens
-    out = drafter + (f" k={k}" if k and drafter != "none" and (drafter != "auto" or k_for_auto) else "")
+    shown = kind is None or (not kind.plain and (not kind.chooses_k or k_for_auto))
+    out = drafter + (f" k={k}" if k and shown else "")
     return out + (f" b={branches}" if branches > 1 else "") + (" (exact)" if exact else "")
 
 

@@ -7,6 +7,7 @@ import time
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ..drafting import round_label
 from . import _err, panel
 
 
@@ -19,9 +20,14 @@ class BatchView:
         self.live = _err.is_terminal
         self._t0 = time.monotonic()
         self._progress = Progress(
-            TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[speed]}"),
-            TimeRemainingColumn(), console=_err, transient=False,
-        )  # fmt: skip
+            TextColumn("batch"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[speed]}"),
+            TimeRemainingColumn(),
+            console=_err,
+            transient=False,
+        )
         self._task = self._progress.add_task("batch", total=total, speed="")
 
     def __enter__(self) -> BatchView:
@@ -60,15 +66,22 @@ def batch_summary(tally, speedup: float | None, output: str, title: str) -> None
     if tally.done:
         rows += [
             ("tokens", f"{tally.tokens:,} generated, {tally.prompt_tokens:,} prompt"),
-            ("wall", f"{tally.wall:.1f} s ({60 * tally.done / tally.wall:.1f} requests a minute)" if tally.wall else "-"),
-            ("speed", f"{tally.tokens / tally.wall:.1f} tokens/s overall, "
-                      f"{tally.tokens / tally.generation_seconds if tally.generation_seconds else 0:.1f} generating"
-                      + (f" ({speedup:.2f}x plain decoding, auto's measure)" if speedup is not None else "")),
-        ]  # fmt: skip
+            (
+                "wall",
+                f"{tally.wall:.1f} s ({60 * tally.done / tally.wall:.1f} requests a minute)" if tally.wall else "-",
+            ),
+            (
+                "speed",
+                f"{tally.tokens / tally.wall:.1f} tokens/s overall, "
+                f"{tally.tokens / tally.generation_seconds if tally.generation_seconds else 0:.1f} generating"
+                + (f" ({speedup:.2f}x plain decoding, auto's measure)" if speedup is not None else ""),
+            ),
+        ]
     rounds = sum(tally.rounds.values())
     if rounds:
-        shares = ", ".join(f"{'plain' if name == 'none' else name} {n / rounds:.0%}" for name, n in
-                           sorted(tally.rounds.items(), key=lambda kv: -kv[1]))  # fmt: skip
+        shares = ", ".join(
+            f"{round_label(name)} {n / rounds:.0%}" for name, n in sorted(tally.rounds.items(), key=lambda kv: -kv[1])
+        )
         rows.append(
             ("drafters", f"{shares} of {rounds:,} rounds; accepted {tally.accepted:,} of {tally.drafted:,} drafted")
         )

@@ -10,38 +10,56 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ..drafting import is_plain
 from . import _err, label
 
 
+COLUMNS = [  # (name, justify): the main table's, one row per configuration
+    ("drafter", "left"), ("k", "right"), ("b", "right"), ("temp", "right"), ("speedup", "right"),
+    ("ttft", "right"), ("gen tok/s", "right"), ("gen", "right"), ("predicted", "right"), ("accept", "right"),
+    ("mean acc", "right"), ("per position", "left"), ("draft/verify", "right"), ("identical", "right"),
+]  # fmt: skip
+
+
 def _bench_table(rows: list[dict], title: str | None = None) -> Table:
+    """speedup: by wall time (prefill and generation); ttft: time to first token against target-only's; gen:
+    generation's speed-up alone, and what the cost model predicted of it."""
     table = Table(title=title, title_justify="left")
-    for col, justify in [("drafter", "left"), ("k", "right"), ("b", "right"), ("temp", "right"), ("tok/s", "right"),
-                         ("speedup", "right"), ("predicted", "right"), ("accept", "right"), ("mean acc", "right"),
-                         ("per position", "left"), ("draft", "right"), ("verify", "right"), ("identical", "right")]:  # fmt: skip
+    for col, justify in COLUMNS:
         table.add_column(col, justify=justify)
     if any(r.get("speedup_vs_fast") is not None for r in rows):
         table.add_column("vs fast", justify="right")  # an exact row against the fast target-only
     for r in rows:
-        if r["category"] != "all":
-            continue
-        speed = Text(
-            f"{r['speedup']:.2f}x",
-            style="bold green" if r["speedup"] >= 1.03 else ("" if r["drafter"] == "none" else "red"),
-        )
-        pred = (
-            "-"
-            if r["predicted_speedup"] is None
-            else f"{r['predicted_speedup']:.2f}x" + (" !" if r["model_gap"] else "")
-        )
-        ident = "-" if r["identical_to_baseline"] is None else f"{r['identical_to_baseline']:.0%}"
-        table.add_row(
-            r["drafter"] + (" (exact)" if r.get("exact") else ""), str(r["draft_tokens"] or "-"), str(r.get("branches", 1)), f"{r['temp']:g}", f"{r['tokens_per_second']:.1f}", speed, pred,
-            f"{r['accept_rate']:.0%}" if r["drafter"] != "none" else "-", f"{r['mean_accepted']:.2f}",
-            " ".join(f"{x:.0%}" for x in r["per_position_accept"]) or "-",
-            f"{r['draft_share']:.0%}", f"{r['verify_share']:.0%}", ident,
-            *([] if len(table.columns) == 13 else ["-" if r.get("speedup_vs_fast") is None else f"{r['speedup_vs_fast']:.2f}x"]),
-        )  # fmt: skip
+        if r["category"] == "all":
+            table.add_row(*_cells(r, with_fast=len(table.columns) > len(COLUMNS)))
     return table
+
+
+def _cells(r: dict, with_fast: bool) -> list:
+    plain = is_plain(r["drafter"])
+    speed = Text(f"{r['speedup']:.2f}x", style="bold green" if r["speedup"] >= 1.03 else ("" if plain else "red"))
+    pred = (
+        "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x" + (" !" if r["model_gap"] else "")
+    )
+    cells = [
+        r["drafter"] + (" (exact)" if r.get("exact") else ""),
+        str(r["draft_tokens"] or "-"),
+        str(r.get("branches", 1)),
+        f"{r['temp']:g}",
+        speed,
+        f"{r.get('ttft_ratio', 1.0):.2f}x",
+        f"{r['tokens_per_second']:.1f}",
+        f"{r.get('generation_speedup', r['speedup']):.2f}x",
+        pred,
+        "-" if plain else f"{r['accept_rate']:.0%}",
+        f"{r['mean_accepted']:.2f}",
+        " ".join(f"{x:.0%}" for x in r["per_position_accept"]) or "-",
+        f"{r['draft_share']:.0%} / {r['verify_share']:.0%}",
+        "-" if r["identical_to_baseline"] is None else f"{r['identical_to_baseline']:.0%}",
+    ]
+    if with_fast:
+        cells.append("-" if r.get("speedup_vs_fast") is None else f"{r['speedup_vs_fast']:.2f}x")
+    return cells
 
 
 class BenchView:
@@ -51,9 +69,13 @@ class BenchView:
         self.rows: list[dict] = []
         self.live_mode = _err.is_terminal
         self._progress = Progress(
-            TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("generations"),
-            TimeRemainingColumn(), console=_err,
-        )  # fmt: skip
+            TextColumn("bench"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("generations"),
+            TimeRemainingColumn(),
+            console=_err,
+        )
         self._task = self._progress.add_task("bench", total=total)
         self._live = Live(console=_err, refresh_per_second=4, transient=True) if self.live_mode else None
 
@@ -82,8 +104,11 @@ class BenchView:
         else:
             r = rows[0]
             done = self._progress.tasks[0]
-            print(f"[{int(done.completed)}/{int(done.total)}] {_label(r)} temp={r['temp']:g}: "
-                  f"{r['tokens_per_second']:.1f} tok/s, {r['speedup']:.2f}x", file=sys.stderr)  # fmt: skip
+            print(
+                f"[{int(done.completed)}/{int(done.total)}] {_label(r)} temp={r['temp']:g}: {r['speedup']:.2f}x by wall "
+                f"time, {r['tokens_per_second']:.1f} tok/s generating",
+                file=sys.stderr,
+            )
 
 
 def show_bench(
@@ -123,10 +148,10 @@ def show_bench(
 
 
 def _chart(rows: list[dict]) -> Text:
-    """Speed-up against draft length, one block per temperature; '|' marks target-only (1.0x)."""
+    """Speed-up (by wall time) against draft length, one block per temperature; '|' marks target-only (1.0x)."""
     width = 40
-    pts = [r for r in rows if r["category"] == "all" and r["drafter"] != "none"]
-    text = Text("speed-up vs draft length (| = target-only)\n")
+    pts = [r for r in rows if r["category"] == "all" and not is_plain(r["drafter"])]
+    text = Text("speed-up by wall time vs draft length (| = target-only)\n")
     if not pts:
         return text
     top = max(1.2, max(r["speedup"] for r in pts))
@@ -157,7 +182,7 @@ def _category_table(rows: list[dict], categories: list[str]) -> Table:
             configs.append((_label(r), r["temp"]))
     cells = {(_label(r), r["temp"], r["category"]): f"{r['speedup']:.2f}x" for r in rows}
     names = [f"{label} temp {temp:g}" for label, temp in configs]
-    table = Table(title="speed-up by category", title_justify="left")
+    table = Table(title="speed-up by category (wall time)", title_justify="left")
     if len(categories) > 6:
         table.add_column("category")
         for name in names:

@@ -1,0 +1,162 @@
+"""This machine's costs, timed: `measure` times target decodes of n tokens and the draft's decodes (quickly when
+auto starts, thoroughly for the bench), and a session's `Curve` holds what auto uses: measured on first use,
+kept between processes (curves.py), or adopted from the bench's measurement."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+from ..engine.context import Context
+from ..engine.kv import Sequence
+from . import curves
+from .cost import PREFILL_BATCH, Costs
+
+# Quick: auto's start-up, about a second for a 1.5B model on 2 cores.
+QUICK_SIZES = (1, 2, 4, 8, 16)  # the rest is interpolated
+QUICK_PASSES = 2  # the faster of two: a single decode is often slowed by the OS, rarely sped up
+QUICK_WARMUP = 3  # decodes before timing: the first ones after loading run slow
+QUICK_CONTEXT = 32  # tokens of context before each timed decode
+# Thorough: the bench's, about 12 s; every size, timed as speculation runs it.
+CURVE_MAX = 16  # the bench times t(n) for n = 1..16 (more if a row drafts longer)
+REPEATS = 5  # median of 5 decodes per point: steady on a shared machine, cheap enough
+WARMUP_SECONDS = 3.0  # right after loading, decodes run ~10% slow for a while
+WARMUP_MAX = 150  # ...but tiny models settle within this many decodes
+CONTEXT = 64  # tokens of context before each timed decode, so attention costs what it does in use
+
+
+class Curve:
+    """This machine's costs for a target (and draft) context, as auto uses them: measured on first use
+    (about a second; it empties both caches, which `measurements` counts), kept between processes under
+    `key` (curves.py; None: never kept), or adopted from a measurement handed in (the bench's thorough
+    one); auto refines them as rounds run. `draft`: the draft's context, opened (loaded) when asked for
+    (a measurement needs it); None without a draft. `draft_load`: what loading it took, where it was loaded."""
+
+    def __init__(
+        self,
+        target: Context,
+        draft: Callable[[], Context] | None,
+        n_max: int,
+        key: str | None = None,
+        kept: dict | None = None,
+    ):
+        """kept: what curves.load read under `key` (an earlier process's measurement), or None."""
+        self.target, self.draft, self.n_max, self.key = target, draft, n_max, key
+        self.costs: Costs | None = None
+        self.measurements = 0
+        self.source: str | None = None  # "measured" | "cached" | "given": where the costs came from
+        self._kept = Costs(n_max=n_max, **kept) if kept else None
+        self.draft_load: float | None = None
+
+    def adopt(self, measured: Costs) -> Costs:
+        self.costs = measured.copy(self.n_max)  # auto refines its own copy, sized for its drafts
+        self.source = "given"
+        return self._loaded()
+
+    def get(self, tokens: list[int]) -> Costs:
+        if self.costs is None and self._kept is not None:
+            self.costs, self.source = self._kept.copy(), "cached"
+        elif self.costs is None:
+            self.costs = measure(self.target, self.draft() if self.draft else None, tokens, self.n_max)
+            self.measurements += 1
+            self.source = "measured"
+            if self.key is not None:
+                curves.save(self.key, self._loaded().kept())
+        return self._loaded()
+
+    def _loaded(self) -> Costs:
+        if self.draft_load is not None:  # loaded in this process: its own figure
+            self.costs.draft_load = self.draft_load
+        return self.costs
+
+    def check_drift(self) -> None:
+        """After a run: a kept curve that auto's observations moved far from (plain decoding's cost, the one
+        every round observes, off by more than curves.DRIFT either way) is dropped: measured next time."""
+        if self.source == "cached" and self._kept is not None:
+            ratio = self.costs.plain / self._kept.plain
+            if not 1 / curves.DRIFT <= ratio <= curves.DRIFT:
+                curves.drop(self.key)
+                self._kept = None
+
+
+def measure(
+    target: Context, draft: Context | None, tokens: list[int], n_max: int = 64, thorough: bool = False
+) -> Costs:
+    """Time target decodes of n tokens and one-token draft decodes, after the prompt's tokens as context.
+    Quick: the QUICK_SIZES up to n_max, the fastest of two passes, interpolated. Thorough: every n up to
+    n_max, medians, each target decode right after a draft decode and vice versa (switching models costs
+    ~1-2 ms on a CPU), t(1) also back to back as plain decoding runs, and the draft's catch-up decode."""
+    context = CONTEXT if thorough else QUICK_CONTEXT
+    sizes = list(range(1, n_max + 1)) if thorough else [n for n in QUICK_SIZES if n <= n_max]
+    longest = max(sizes[-1], PREFILL_BATCH if draft is not None else 0)
+    filler = (tokens * (1 + (context + longest) // max(len(tokens), 1)))[: context + longest]
+    prefix, batch = filler[:context], filler[context:]
+    seq = Sequence.empty(target)
+    seq.append(prefix)
+    dseq = Sequence.empty(draft) if draft is not None else None
+    if dseq is not None:
+        dseq.append(prefix)
+
+    def back(s: Sequence) -> None:
+        """To the context again. A recurrent state drops only what its snapshots cover (kv.Sequence): each
+        timed decode may leave tokens behind, so it starts over from the context (untimed) now and then."""
+        s.rollback(max(context, s.floor))
+        if len(s) > 2 * context:
+            s.rollback(context)  # clears it
+            s.append(prefix[len(s) :])
+
+    def t_target(n: int) -> float:
+        return _timed(lambda: seq.append(batch[:n], outputs="all"), lambda: back(seq))
+
+    def t_draft(n: int) -> float:
+        return _timed(lambda: dseq.append(batch[:n]), lambda: back(dseq))
+
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    plain, drafts, catch_up, prefill = [], [], [], []
+    if thorough:
+        start = time.perf_counter()
+        for _ in range(WARMUP_MAX):
+            if time.perf_counter() - start > WARMUP_SECONDS:
+                break
+            t_target(4)
+            if dseq is not None:
+                t_draft(1)
+        # Whole passes over n rather than n after n, so that drift on a shared machine spreads evenly.
+        for _ in range(REPEATS):
+            plain += [t_target(1) for _ in range(3)]
+            for n in sizes:
+                if dseq is not None:
+                    drafts.append(t_draft(1))  # the draft runs, then the target verifies
+                samples[n].append(t_target(n))
+            if dseq is not None:
+                catch_up.append(t_draft(2))
+                prefill.append(t_draft(PREFILL_BATCH) / PREFILL_BATCH)
+    else:
+        for n in [sizes[-1]] * QUICK_WARMUP + sizes * QUICK_PASSES:
+            samples[n].append(t_target(n))
+        if dseq is not None:
+            drafts = [t_draft(1) for _ in range(3)]
+            prefill = [t_draft(PREFILL_BATCH) / PREFILL_BATCH]
+    seq.rollback(0)
+    if dseq is not None:
+        dseq.rollback(0)
+    # Thorough: medians of five. Quick: the faster of two passes (the OS slows a decode, it never speeds one
+    # up), and the median of three draft decodes.
+    median = statistics.median
+    return Costs(
+        {n: (median(s) if thorough else min(s)) for n, s in samples.items()},
+        median(drafts) if drafts else None,
+        n_max,
+        plain=median(plain) if plain else None,
+        draft_catch_up=median(catch_up) if catch_up else None,
+        draft_prefill=median(prefill) if prefill else None,
+    )
+
+
+def _timed(run, undo) -> float:
+    t0 = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - t0
+    undo()
+    return seconds

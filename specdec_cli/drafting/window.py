@@ -1,0 +1,63 @@
+"""What of the text the draft model's cache holds when it drafts: the whole text, or a window of it.
+
+A long prompt costs the draft model about as much to prefill, per token, as a third of the target's (0.57x its
+time on this machine's default pair), for drafts that lean mostly on the recent text. So the draft model is fed
+lazily, just before a round it drafts in (drafting/model.py), and only a window: the text's first SINKS tokens and
+at most its last `size` (+ SLACK) tokens. The first tokens stay because attention leans on them whatever they
+say (StreamingLLM's attention sinks: a window without them falls apart); the tail is what the next tokens depend
+on most. As the answer grows the window slides: its oldest tail tokens' cells go and the rest move down
+(kv.Sequence.cut, llama.cpp's K-shift), SLACK tokens at a time, so that a shift is rare. MagicDec drafts with
+such a cache on long contexts. The target always sees the whole text: what the draft saw changes only how often
+it is right, never the output.
+
+A cache that cannot move its cells (a recurrent or hybrid model's state) holds the whole text or nothing.
+"""
+
+from __future__ import annotations
+
+from ..engine.context import Context
+from ..engine.kv import Sequence
+
+SINKS = 4  # StreamingLLM's four attention sinks
+MIN_WINDOW = 64  # the smallest window worth drafting from: shorter, drafts lose the thread
+SLACK = 32  # the window slides when its tail is this much longer than its size: a K-shift every 32 tokens
+
+
+def fit(ctx: Context, size: int | None, k: int) -> int | None:
+    """The window that fits the draft's context with a draft of k tokens after it: `size` (None: the whole
+    text, as long as it fits), at most what the context holds; None where the cache cannot slide (the draft
+    then stops where the text outgrows its context, drafting/model.py)."""
+    if not ctx.can_shift:
+        return None
+    room = ctx.n_ctx - SINKS - SLACK - k - 2
+    return min(size, room) if size is not None else room
+
+
+def to_feed(covers: int, dropped: int, n: int, size: int | None) -> int:
+    """How many tokens `prepare` decodes to make a cache that stands for the text's first `covers` tokens (of
+    which `dropped` left out after the sinks) stand for its first n."""
+    if _whole(n, size):
+        return max(n - covers, 0)
+    extra = max(SINKS - covers, 0)
+    covers = max(covers, SINKS)
+    if n - (SINKS + dropped) > size + SLACK:
+        covers = max(covers, n - size)  # what the window leaves out is never fed
+    return extra + max(n - covers, 0)
+
+
+def prepare(seq: Sequence, text: list[int], size: int | None) -> None:
+    """Make the cache stand for `text` (decoding what it lacks in one batch): whole where `size` is None or
+    the text fits SINKS + size + SLACK, else its first SINKS tokens and its last `size`."""
+    n = len(text)
+    if not _whole(n, size):
+        if seq.covers < SINKS:
+            seq.append(text[seq.covers : SINKS])
+        start = SINKS + seq.dropped  # where the cache's tail starts in the text
+        if n - start > size + SLACK:
+            seq.cut(SINKS, n - size - start)
+    if n > seq.covers:
+        seq.append(text[seq.covers : n])
+
+
+def _whole(n: int, size: int | None) -> bool:
+    return size is None or n <= SINKS + size + SLACK
