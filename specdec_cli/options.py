@@ -305,10 +305,8 @@ class RunConfig:
             raise UsageError(f"--branches {self.branches} needs a draft model: only the draft model forks ({why})")
 
     def override(self, **changes: Any) -> RunConfig:
-        """This configuration with some settings changed (a request's, a bench row's), by the same rules. -k
-        follows a new drafter where it was the old one's own and is not changed with it."""
-        if "drafter" in changes and "draft_tokens" not in changes and self.draft_tokens == DRAFTERS[self.drafter].k:
-            changes["draft_tokens"] = ...
+        """This configuration with some settings changed (a request's, a bench row's), by the same rules; the
+        others keep their values (a request for another drafter keeps the server's -k)."""
         return replace(self, **changes) if changes else self
 
     @property

@@ -65,6 +65,7 @@ class Session:
         self._corpus: Corpus | None = None
         self.draft: Model | None = None  # loaded, with its context, where it first drafts (`draft_context`)
         self.draft_ctx: Context | None = None
+        self._draft_failed: SpecdecError | None = None
         # The draft's vocabulary and sizes, read without its weights: whether it pairs, what its cache costs.
         self._draft_file = cfg.draft if cfg.draft and self.speculates else None
         info = stack.enter_context(Model(self._draft_file, vocab_only=True)) if self._draft_file else None
@@ -75,6 +76,9 @@ class Session:
                     f"draft {info.name} cannot draft for target {self.target.name}: {why}",
                     hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
                 )
+        # A draft whose cache cannot slide holds the whole text (drafting/window.py): a recurrent state, or
+        # layers with a sliding window of their own.
+        self.draft_slides = info is not None and not info.recurrent and not info.sliding_window
         self.draft_recurrent = info is not None and info.recurrent
         self.check_branches(cfg.branches, info)
         n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, info)
@@ -119,11 +123,19 @@ class Session:
         return self._draft_file is not None
 
     def draft_context(self) -> Context:
-        """The draft model's context, the model loaded on first use (its load time goes to the cost curve)."""
+        """The draft model's context, the model loaded on first use (its load time goes to the cost curve). A
+        load that failed is not tried again: its error is raised again."""
+        if self._draft_failed is not None:
+            raise self._draft_failed
         if self.draft_ctx is None:
             t0 = time.perf_counter()
-            self.draft = self._stack.enter_context(Model(self._draft_file, devices=self._local))
-            self.draft_ctx = self._stack.enter_context(Context(self.draft, **self._draft_ctx_args, **self._ctx))
+            try:
+                draft = self._stack.enter_context(Model(self._draft_file, devices=self._local))
+                ctx = self._stack.enter_context(Context(draft, **self._draft_ctx_args, **self._ctx))
+            except SpecdecError as e:
+                self._draft_failed = e
+                raise
+            self.draft, self.draft_ctx = draft, ctx
             self.curve.draft_load = time.perf_counter() - t0
         return self.draft_ctx
 
@@ -256,6 +268,7 @@ class Session:
         # as the consumer starts reading: an interruption there is one of the stream's, like any other. The
         # user waits for the set-up too: its time is the prefill's (Prefilled.seconds).
         t0 = time.perf_counter()
+        self.kept.begin()
         # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
         grammar = Grammar(self.target, run.gbnf) if run.gbnf else None
         draft = (lambda: self.kept.take(self.draft_context(), tokens, reuse)) if self._draft_file else None
@@ -265,13 +278,13 @@ class Session:
                 k=run.draft_tokens,
                 costs=functools.partial(self.curve.get, tokens),
                 draft=draft,
-                draft_loaded=lambda: self.draft is not None,
+                draft_loaded=lambda: self.draft_ctx is not None,
                 p_min=run.p_min,
                 branches=run.branches,
                 p_split=run.p_split,
                 max_nodes=MAX_DRAFT_TOKENS,
                 vocab=self.target.n_vocab,
-                window=None if self.draft_recurrent else run.draft_window or None,
+                window=run.draft_window or None if self.draft_slides else None,
                 max_tokens=run.max_tokens,
                 lookup_branches=MAX_BRANCHES if self.target.rollback == "cells" else 1,
                 instruction=instruction,

@@ -43,8 +43,8 @@ def test_the_resolved_config_is_what_a_run_gets():
         target=Path("t.gguf"), draft=Path("d.gguf"), target_name="t.gguf"
     )
     model = config.resolve({"target": "t.gguf", "draft": "d.gguf", "drafter": "model"}, None, None)
-    assert model.draft_tokens == 4 and model.override(drafter="auto").draft_tokens is None  # -k follows
-    assert model.override(drafter="auto", draft_tokens=6).draft_tokens == 6
+    assert model.draft_tokens == 4 and model.override(drafter="auto").draft_tokens == 4  # a request keeps -k
+    assert model.override(drafter="auto", draft_tokens=None).draft_tokens is None
     lookup = config.resolve({"target": "t.gguf", "draft": "d.gguf", "drafter": "lookup"}, None, None)
     assert lookup.draft is None  # a draft no drafter of the run uses is not kept (nor loaded)
 

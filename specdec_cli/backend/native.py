@@ -222,6 +222,9 @@ class Model:
     @property
     def sliding_window(self) -> int:
         """Tokens a sliding-window attention layer sees (0: none)."""
+        if self.vocab_only:  # no hyperparameters read: the header says
+            meta = gguf_file.header(self.path).metadata
+            return gguf_file.int_value(meta, f"{meta.get('general.architecture')}.attention.sliding_window") or 0
         return max(L.llama_model_n_swa(self._ptr), 0)
 
     def state_bytes(self) -> int:

@@ -282,9 +282,8 @@ class AutoDrafter(Drafter):
             for i, ok in [(i, True) for i in path] + [(c, False) for c in rejected]:
                 self.model_accept.observe(draft.confidence[i], ok)
                 self.model_rate.observe(ok)
-            if (
-                draft.decodes and draft.fed <= 1
-            ):  # a round that fed a window (or a long lag) says little of a token's cost
+            # A round that loaded the draft model, or fed it a window, says little of what a token costs.
+            if draft.decodes and 0 <= draft.fed <= 1:
                 self.costs.observe_draft(outcome.draft_seconds / draft.decodes)
 
     def rollback(self, n: int, draft: Draft, winner: int = 0) -> None:

@@ -23,6 +23,7 @@ from ..engine.drafter import Draft, Drafter
 from ..engine.kv import Branches, Sequence
 from ..engine.sampling import NonFiniteLogits, Sampler, draw, entropy
 from ..engine.shapes import CHAIN, Tree
+from ..errors import SpecdecError
 from . import window
 
 
@@ -138,20 +139,36 @@ class ModelDrafter(Drafter):
         """Tokens the next draft must feed before it can draft (1 when the cache is in step): what its window
         of `size` (... : its own; None: the whole text) lacks, and the last token."""
         size = self.window if size is ... else size
-        if self.cache is None:  # nothing fed yet
+        if self.cache is None and self.loaded():
+            self._open_now()  # free (no decode): what its cache holds of the text counts (a server's next turn)
+        if self.cache is None:  # not loaded: nothing fed yet
             return window.to_feed(0, 0, len(committed) - 1, size) + 1
         seq = self.seq
         return window.to_feed(seq.covers, seq.dropped, len(committed) - 1, window.fit(seq.ctx, size, k)) + 1
+
+    def _open_now(self) -> bool:
+        """Open it (load the draft model, take its sequence) if not yet; False, and it fails for good (the run goes
+        on plainly), where the draft model cannot be loaded."""
+        try:
+            _ = self.seq  # opens it
+        except SpecdecError as e:
+            self.failed = True
+            self._notice = (
+                f"the draft model could not be loaded ({e.message}): it does not draft; the output is unaffected"
+            )
+        return self.cache is not None
 
     def propose(
         self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator, policy: DraftPolicy = FIXED
     ) -> Draft:
         """Draft up to k tokens; `policy` may end the draft early or veto a fork (auto's cost model)."""
-        if not self.failed and self._readable(committed):
+        opened = self.cache is not None
+        if not self.failed and self._open_now() and self._readable(committed):
             size = window.fit(self.seq.ctx, self.window, k)
             if self._fits(len(committed), size):
                 try:
-                    fed = window.to_feed(self.seq.covers, self.seq.dropped, len(committed) - 1, size)
+                    # fed: what the window lacked; -1 where it was opened (loaded) just now, for this draft
+                    fed = window.to_feed(self.seq.covers, self.seq.dropped, len(committed) - 1, size) if opened else -1
                     window.prepare(self.seq, committed[:-1], size)  # the draft's prefill: its window, now
                     k = min(k, self.seq.ctx.n_ctx - len(self.seq))  # d_k is never decoded: d_k-1 takes the last cell
                     return replace(self._draft(committed, k, sampler, rng, policy), fed=fed)

@@ -27,9 +27,9 @@ def fit(ctx: Context, size: int | None, k: int) -> int | None:
     """The window that fits the draft's context with a draft of k tokens after it: `size` (None: the whole
     text, as long as it fits), at most what the context holds; None where the cache cannot slide (the draft
     then stops where the text outgrows its context, drafting/model.py)."""
-    if not ctx.can_shift:
-        return None
     room = ctx.n_ctx - SINKS - SLACK - k - 2
+    if not ctx.can_shift or room < MIN_WINDOW:  # (a context too small for a window: the whole text, while it fits)
+        return None
     return min(size, room) if size is not None else room
 
 

@@ -29,7 +29,7 @@ class Draft:
     # What the round considered, for the drafter's `observe` (so no drafter keeps "this round" in itself):
     offers: tuple[Any, ...] = ()  # auto: lookup's candidates, each learns from the round's text, drafted or not
     decodes: int = 0  # draft-model decodes spent (auto may verify fewer tokens): the draft's cost per token
-    fed: int = 0  # tokens of the text the draft model was fed before it drafted (a window's prefill, a catch-up)
+    fed: int = 0  # tokens of the text the draft model was fed before it drafted (a window, a catch-up); -1: loaded
     # Outcome.sure: a pass over one logits row (~0.03 ms), asked only where a learner uses it (auto, when
     # lookup offered something: where it offers nothing, most of most answers, the pass is saved).
     wants_confidence: bool = False

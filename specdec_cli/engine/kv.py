@@ -85,7 +85,7 @@ class Sequence:
         cleared and holds nothing (a prefix all the same: the next decode feeds the text again)."""
         if n >= self.covers:
             return
-        if self.dropped and n < self.sinks + self.dropped:  # the tail goes whole: a prefix again
+        if self.dropped and n <= self.sinks + self.dropped:  # the tail goes whole: a prefix again
             n, self.sinks, self.dropped = min(n, self.sinks), 0, 0
         else:
             n -= self.dropped  # the position that text token n sits at
@@ -103,7 +103,7 @@ class Sequence:
         was computed without it (a draft's guesses may lean on it; the target never does)."""
         held = [(i, t) for i, t in enumerate(self.tokens[: self.sinks])]
         held += [(self.sinks + self.dropped + j, t) for j, t in enumerate(self.tokens[self.sinks :])]
-        return next((i for i, t in held if i >= len(text) or text[i] != t), min(self.covers, len(text)))
+        return min(next((i for i, t in held if i >= len(text) or text[i] != t), self.covers), len(text))
 
     def cut(self, sinks: int, n: int) -> None:
         """Leave out the next n tokens of the text after the first `sinks` (the attention sinks, which stay):
@@ -139,7 +139,7 @@ class Sequence:
                 f"{self.ctx.model.name} seq {self.seq_id}: cache holds positions {lo}..{hi}, expected {expected}"
             )
         text = committed[: self.sinks] + committed[self.sinks + self.dropped : self.covers]
-        if self.tokens != text:
+        if self.tokens != text or self.covers > len(committed):
             raise KVInvariantError(f"{self.ctx.model.name} seq {self.seq_id}: cached tokens differ from committed text")
 
 
@@ -223,6 +223,10 @@ class Kept:
         self._held: dict[Context, Sequence] = {}  # what a finished run left in each cache
         self._at = version()  # the version they were kept at
         self._taken: dict[Context, Sequence] = {}  # the current run's sequences
+
+    def begin(self) -> None:
+        """A run starts: what a run before it took and did not keep (it failed) is not handed on."""
+        self._taken.clear()
 
     def take(self, ctx: Context, tokens: list[int], reuse: bool) -> Sequence:
         """Sequence 0 of a context for a run on `tokens`: empty, or (reuse) what it held after the run
