@@ -7,7 +7,10 @@ set-up (auto's cost curve, kept between processes), both models' prefill, genera
 run answers a prompt for the first time (a repeated prompt would draft from its own earlier answer).
 
 Per category and overall: the medians over runs of each prompt's wall time and time to first token, summed over
-the category's prompts, as ratios to the baseline (the first drafter); generation tokens/s likewise.
+the category's prompts, as ratios to the baseline (the first drafter); generation tokens/s likewise. Without
+--exact, greedy answers may part at a near-tie and differ in length: a run's wall time is then taken at the
+baseline's length (its generation time scaled by the baseline's tokens over its own), so that a longer answer
+is not counted as a slower one; `same` says on how many prompts every run's answer was the baseline's.
 
 It uses only the package's Python API that older checkouts share, so the same script measures an older
 release: `PYTHONPATH=/path/to/old/checkout python scripts/wall_bench.py ...` (then compare the ratios).
@@ -127,7 +130,11 @@ def report(runs: list[dict], prompts, drafters: list[str]) -> None:
         groups.setdefault(p.category, []).append(i)
 
     def med(d: str, i: int, key: str) -> float:
-        return statistics.median(r[key] for r in runs if r["drafter"] == d and r["prompt"] == i)
+        mine = [r for r in runs if r["drafter"] == d and r["prompt"] == i]
+        if key != "wall" or d == base:
+            return statistics.median(r[key] for r in mine)
+        length = statistics.median(r["tokens"] for r in runs if r["drafter"] == base and r["prompt"] == i)
+        return statistics.median(r["wall"] - r["gen_seconds"] * (1 - length / max(r["tokens"], 1)) for r in mine)
 
     print(f"\nratios to {base} (sums over a category's prompts of per-prompt medians)")
     print(f"{'category':14} {'drafter':7} {'wall':>6} {'ttft':>6} {'gen t/s':>8} {'same':>5} {'model':>6}")

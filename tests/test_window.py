@@ -82,6 +82,19 @@ def test_a_reused_window_keeps_what_the_next_prompt_shares(open_pair):
     assert again.stats.drafted > 0 and s.draft_ctx.seq_pos_range(0)[1] < window.SINKS + SIZE + window.SLACK + 4
 
 
+def test_a_shorter_prompt_after_a_slid_window_starts_from_its_sinks(open_pair):
+    """The next request shares only its first tokens with a text whose window slid: the draft keeps what it
+    holds of the shorter text (never more than the text), and drafts on from there."""
+    s = open_pair("draft", max_tokens=40, ctx_size=1536, draft_window=SIZE)
+    first = s.prompt_tokens(long_prompt(8))
+    collect(s.generate(first, draft_tokens=3, reuse=True))
+    assert s.draft_ctx.seq_pos_range(0)[1] < window.SINKS + SIZE + window.SLACK + 4  # it slid
+    short = first[: window.SINKS + 20]  # shares the sinks and a little more, far less than the window left out
+    r = collect(s.generate(short, draft_tokens=3, reuse=True))  # debug=True checks the draft against the text
+    plain = collect(s.generate(short, drafter="none"))
+    assert r.tokens == plain.tokens and r.stats.drafted > 0
+
+
 def never_pays() -> FrozenCosts:
     """A compute-bound machine: verifying n tokens costs n decodes, a draft token 0.6 of one."""
     return FrozenCosts({1: 0.03, 32: 0.96}, 0.018, 32, draft_prefill=0.01, draft_load=1.0)

@@ -13,9 +13,9 @@ from ..engine.kv import Sequence
 from . import curves
 from .cost import PREFILL_BATCH, Costs
 
-# Quick: auto's start-up, about a second for a 1.5B model on 2 cores.
+# Quick: auto's start-up, a few seconds for the default pair on 2 cores (then kept a day: curves.py).
 QUICK_SIZES = (1, 2, 4, 8, 16)  # the rest is interpolated
-QUICK_PASSES = 2  # the faster of two: a single decode is often slowed by the OS, rarely sped up
+QUICK_PASSES = 3  # the fastest of three: a decode is often slowed by the OS or a neighbour, never sped up
 QUICK_WARMUP = 3  # decodes before timing: the first ones after loading run slow
 QUICK_CONTEXT = 32  # tokens of context before each timed decode
 # Thorough: the bench's, about 12 s; every size, timed as speculation runs it.
@@ -141,7 +141,7 @@ def measure(
     seq.rollback(0)
     if dseq is not None:
         dseq.rollback(0)
-    # Thorough: medians of five. Quick: the faster of two passes (the OS slows a decode, it never speeds one
+    # Thorough: medians of five. Quick: the fastest of the passes (the OS slows a decode, it never speeds one
     # up), and the median of three draft decodes.
     median = statistics.median
     return Costs(
