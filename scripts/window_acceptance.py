@@ -33,7 +33,9 @@ def main() -> None:
     ap.add_argument("-c", "--ctx-size", type=int, default=None)
     args = ap.parse_args()
     cats = args.categories.split(",") if args.categories else None
-    prompts = [p for f in args.prompts for p in suite.load(f, cats)]
+    prompts = [
+        p for f in args.prompts for p in suite.load(f, None) if cats is None or p.category in cats
+    ]  # over all files
     windows = [int(w) for w in args.windows.split(",")]
     cfg = RunConfig(
         target=store.model_path(QWEN_TARGET),

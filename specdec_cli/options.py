@@ -103,9 +103,9 @@ class RunConfig:
         "--draft-window",
         type=int,
         default=DRAFT_WINDOW,
-        help=f"Draft model: the tokens of the text's tail its cache holds, after the first few (the window slides "
-        f"as the answer grows); 0 is the whole text [{DRAFT_WINDOW}; auto may choose less where its prefill would "
-        "not pay].",
+        help=f"Draft model: the tokens of the text its cache holds, its first quarter and its last three quarters "
+        f"(the window slides as the answer grows); 0 is the whole text [{DRAFT_WINDOW}; auto may choose less where "
+        "its prefill would not pay].",
         config=(int,),
         checks=(
             (lambda v: v == 0 or v >= MIN_WINDOW, f"must be 0 (the whole text) or at least {MIN_WINDOW} (got {{v}})"),

@@ -320,3 +320,15 @@ def test_lookup_sampling_matches_target_only_distribution(open_pair):
     assert stats.drafted > 1000  # lookup did draft
     ok, stat, cells = same_distribution(spec_counts, plain_counts)
     assert ok and cells > 3, (stat, cells)
+
+
+def test_a_machine_that_slows_moves_every_cost_alike():
+    # A neighbour's load slows every decode; only plain rounds (t(1)) see it. Drafting must not look cheaper.
+    c = Costs({1: 0.05, 2: 0.08, 4: 0.11}, draft=0.022, n_max=8, draft_catch_up=0.03, draft_prefill=0.008)
+    before = [c.relative(n) for n in range(2, 9)], c.draft_ratio
+    for _ in range(40):
+        c.observe_verify(1, 0.075)
+    assert c.plain == pytest.approx(0.075, rel=0.01)
+    assert [c.relative(n) for n in range(2, 9)] == pytest.approx(before[0], rel=0.15)
+    assert c.draft_ratio == pytest.approx(before[1], rel=0.15)
+    assert c.draft_prefill > 0.008 * 1.3 and c.draft_catch_up > 0.03 * 1.3

@@ -1,6 +1,6 @@
 """The draft model's window and its lazy prefill (drafting/window.py): the target sees the whole text, so the
 output is target-only's whatever the draft saw; the draft is fed only before a round it drafts in, and then
-only its sinks and the text's tail, the window sliding as the answer grows."""
+only its window (the text's head and its tail), the window sliding as the answer grows."""
 
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ def test_a_windowed_draft_gives_target_only_output_as_the_window_slides(open_pai
         ids, stats, _ = run_engine(s, long_prompt(seed), draft_tokens=k)  # debug=True checks the window every round
         assert ids == target_only[seed] and stats.drafted > 0
     assert len(cuts) >= 4  # it slid as the answers grew (twice an answer at least), not just once per prompt
-    # What the draft holds is bounded by the window, not the text: sinks, the tail, its slack, a draft.
+    assert {sinks for sinks, _ in cuts} == {window.head(SIZE)}  # the prompt's head stays: its instruction
+    # What the draft holds is bounded by the window, not the text: the head, the tail, its slack, a draft.
     lo, hi = s.draft_ctx.seq_pos_range(0)
-    assert lo == 0 and hi < window.SINKS + SIZE + window.SLACK + k + 1
+    assert lo == 0 and hi < SIZE + window.SLACK + k + 1
 
 
 def test_the_whole_text_without_a_window(open_pair, target_only):
@@ -79,17 +80,17 @@ def test_a_reused_window_keeps_what_the_next_prompt_shares(open_pair):
     r = collect(s.generate(first, draft_tokens=3, reuse=True))
     turn = first + r.tokens + s.target.tokenize(" more", special=False)
     again = collect(s.generate(turn, draft_tokens=3, reuse=True))  # debug=True: the reused window is checked
-    assert again.stats.drafted > 0 and s.draft_ctx.seq_pos_range(0)[1] < window.SINKS + SIZE + window.SLACK + 4
+    assert again.stats.drafted > 0 and s.draft_ctx.seq_pos_range(0)[1] < SIZE + window.SLACK + 4
 
 
-def test_a_shorter_prompt_after_a_slid_window_starts_from_its_sinks(open_pair):
+def test_a_shorter_prompt_after_a_slid_window_starts_from_its_head(open_pair):
     """The next request shares only its first tokens with a text whose window slid: the draft keeps what it
     holds of the shorter text (never more than the text), and drafts on from there."""
     s = open_pair("draft", max_tokens=40, ctx_size=1536, draft_window=SIZE)
     first = s.prompt_tokens(long_prompt(8))
     collect(s.generate(first, draft_tokens=3, reuse=True))
-    assert s.draft_ctx.seq_pos_range(0)[1] < window.SINKS + SIZE + window.SLACK + 4  # it slid
-    short = first[: window.SINKS + 20]  # shares the sinks and a little more, far less than the window left out
+    assert s.draft_ctx.seq_pos_range(0)[1] < SIZE + window.SLACK + 4  # it slid
+    short = first[: window.head(SIZE) + 20]  # shares the head and a little more, far less than the window left out
     r = collect(s.generate(short, draft_tokens=3, reuse=True))  # debug=True checks the draft against the text
     plain = collect(s.generate(short, drafter="none"))
     assert r.tokens == plain.tokens and r.stats.drafted > 0
@@ -134,11 +135,12 @@ def test_auto_weighs_the_draft_models_prefill_against_what_the_answer_can_gain(m
 
 
 def test_a_smaller_window_where_only_it_pays(models):
-    """W is chosen by cost: halved from the configured 512 while its prefill costs more than the answer can save
-    (at 0.02 s a token: 512 and 256 cost 10 s and 5 s against about 4 s saved; 128 costs 2.7 s)."""
+    """W is chosen by cost: halved from the configured 2048 while its prefill costs more than the answer can save
+    (at 0.02 s a token: 2048 and 1024 hold the whole ~900-token text, 18 s; 512 and 256 cost 10 s and 5 s, against
+    about 4 s saved; 128 costs 2.7 s)."""
     with open_session(config(models, "draft", drafter="auto", max_tokens=200, ctx_size=1536), lazy_draft=True) as s:
         s.costs([], measured=pays_per_round(0.02))
         stats = run_engine(s, long_prompt(7), lookup_cache=False)[1]
         assert stats.by_drafter["model"].drafted > 0
         hi = s.draft_ctx.seq_pos_range(0)[1]
-        assert window.SINKS + 128 <= hi < window.SINKS + 128 + window.SLACK + 32
+        assert 128 <= hi < 128 + window.SLACK + 32

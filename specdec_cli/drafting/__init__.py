@@ -23,7 +23,7 @@ from .lookup import LookupDrafter
 from .model import ModelDrafter
 
 DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
-DRAFT_WINDOW = 512  # the draft model's window: sinks and the text's last 512 tokens (window.py)
+DRAFT_WINDOW = 2048  # the draft model's window: the text's first 512 tokens and its last 1,536 (window.py)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,6 +24,12 @@ PREFILL_BATCH = 32  # the draft's prefill is timed as one decode of this many to
 # Online refinement.
 SMOOTHING = 0.2  # weight of a new observation: follows drift within ~5 rounds, shrugs off one preempted decode
 MAX_SAMPLE_RATIO = 2.0  # an observation 2x off the estimate is clipped: the OS paused us, the model did not change
+# A shared machine slows (or frees) every decode alike, so an observation moves the whole curve and the draft's
+# costs (by SMOOTHING), and its own size apart from the rest only by SHAPE: the measured shape is trusted more
+# than the pace. Moving one size alone would make the sizes a run observes often (t(1): every plain round) part
+# from the rest, so that drafting looked cheaper, or dearer, than it is: under a neighbour's load t(1) rose while
+# t(2..) stayed, the draft model seemed to pay, and a chat answer took 1.4x its time.
+SHAPE = 0.05
 
 
 class Costs:
@@ -128,15 +134,21 @@ class Costs:
         return k * (self.draft or 0.0) + a**k * extra
 
     def observe_verify(self, n: int, seconds: float) -> None:
-        self.table[n - 1] = _smooth(self.table[n - 1], seconds)
+        old = self.table[n - 1]
+        pace = _smooth(old, seconds) / old  # the machine's drift: every cost alike
+        self.table *= pace
+        for name in ("draft", "draft_catch_up", "draft_prefill"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name) * pace)
+        self.table[n - 1] = _smooth(self.table[n - 1], seconds, SHAPE)  # this size's own shape, slowly
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft = seconds_per_token if self.draft is None else _smooth(self.draft, seconds_per_token)
 
 
-def _smooth(old: float, new: float) -> float:
+def _smooth(old: float, new: float, weight: float = SMOOTHING) -> float:
     new = min(max(new, old / MAX_SAMPLE_RATIO), old * MAX_SAMPLE_RATIO)
-    return old + SMOOTHING * (new - old)
+    return old + weight * (new - old)
 
 
 def rate(expected, draft_seconds, costs: Costs, drafted):
