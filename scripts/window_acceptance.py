@@ -5,8 +5,10 @@ whole text, in one session; the acceptance rate and tokens per verification are 
 prompts. The target reads the whole text either way, so the answers are the same; only how often the draft is
 right (and how long its prefill takes) differs.
 
-    python scripts/window_acceptance.py --prompts scripts/general.jsonl --prompts scripts/long-prompt.jsonl \\
-        --categories summarisation,rag,long-rag --windows 512,256,0 -n 128 -t 2
+    python scripts/window_acceptance.py --prompts scripts/general.jsonl --categories summarisation \\
+        --windows 512,256,0 -n 128 -t 2
+    python scripts/window_acceptance.py --prompts scripts/long-prompt.jsonl --windows 2048,1024,512,0 -n 128 -t 2
+    python scripts/window_acceptance.py --prompts scripts/long-summary.jsonl --windows 2048,512,0 -n 128 -t 2
 """
 
 from __future__ import annotations
