@@ -144,7 +144,7 @@ class ModelDrafter(Drafter):
         if self.cache is None:  # not loaded: nothing fed yet
             return window.to_feed(0, 0, len(committed) - 1, size) + 1
         seq = self.seq
-        return window.to_feed(seq.covers, seq.dropped, len(committed) - 1, window.fit(seq.ctx, size, k)) + 1
+        return window.to_feed(seq.covers, seq.dropped, len(committed) - 1, window.fit(seq.ctx, size)) + 1
 
     def _open_now(self) -> bool:
         """Open it (load the draft model, take its sequence) if not yet; False, and it fails for good (the run goes
@@ -164,7 +164,7 @@ class ModelDrafter(Drafter):
         """Draft up to k tokens; `policy` may end the draft early or veto a fork (auto's cost model)."""
         opened = self.cache is not None
         if not self.failed and self._open_now() and self._readable(committed):
-            size = window.fit(self.seq.ctx, self.window, k)
+            size = window.fit(self.seq.ctx, self.window)
             if self._fits(len(committed), size):
                 try:
                     # fed: what the window lacked; -1 where it was opened (loaded) just now, for this draft

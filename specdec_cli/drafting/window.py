@@ -24,14 +24,16 @@ from ..engine.kv import Sequence
 SINKS = 4  # StreamingLLM's four attention sinks: the least head a window keeps
 HEAD_SHARE = 4  # a window's head is 1 / HEAD_SHARE of it
 MIN_WINDOW = 64  # the smallest window worth drafting from: shorter, drafts lose the thread
+DRAFT_ROOM = 66  # after the window: the longest draft (options.MAX_DRAFT_TOKENS), its bonus and the next token
 SLACK = 32  # the window slides when its tail is this much longer than its size: a K-shift every 32 tokens
 
 
-def fit(ctx: Context, size: int | None, k: int) -> int | None:
-    """The window that fits the draft's context with a draft of k tokens after it: `size` (None: the whole
+def fit(ctx: Context, size: int | None) -> int | None:
+    """The window that fits the draft's context with the longest draft after it: `size` (None: the whole
     text, as long as it fits), at most what the context holds; None where the cache cannot slide (the draft
-    then stops where the text outgrows its context, drafting/model.py)."""
-    room = ctx.n_ctx - SLACK - k - 2
+    then stops where the text outgrows its context, drafting/model.py). The same every round: a window's head
+    is a share of its size, and a head that changed would not match the one the cache was cut after."""
+    room = ctx.n_ctx - SLACK - DRAFT_ROOM
     if not ctx.can_shift or room < MIN_WINDOW:  # (a context too small for a window: the whole text, while it fits)
         return None
     return min(size, room) if size is not None else room
