@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 from .backend import grammar
 from .errors import SpecdecError, UsageError
+from .inputs import read_file
 from .outputs import kind_name
 from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR, KNOWN
-from .options import OPTIONS, PAIR_KEYS, OptionError, RunConfig, parse_draft_tokens
+from .options import MAX_PREDICTION, OPTIONS, PAIR_KEYS, OptionError, RunConfig, parse_draft_tokens
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -140,6 +141,8 @@ def resolve(
         if e.key in from_file:  # the value came from the config file: say where, not which flag
             raise ConfigError(*from_file[e.key], e.rule) from None
         raise
+    if cfg.prediction is not None:  # read now: a bad path fails before any model loads
+        cfg = cfg.override(prediction_text=read_file(cfg.prediction, "--prediction", MAX_PREDICTION))
     return cfg.override(gbnf=_gbnf(cfg)) if cfg.json_schema or cfg.grammar else cfg
 
 

@@ -33,6 +33,7 @@ MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve ou
 MAX_BRANCHES = 8  # --branches: a tree verify batch holds every branch's nodes, and llama.cpp a seq id per branch
 P_SPLIT = 0.1  # fork where the draft's runner-up has >= 10% (llama.cpp's --draft-p-split)
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: more threads crash llama.cpp
+MAX_PREDICTION = 1 << 20  # bytes of --prediction: far more than an answer in any context (32k tokens of ~4 bytes)
 MIN_CTX = 16  # below this not even a prompt and one verify batch fit
 AUTO_K_MAX = 31  # -k auto drafts at most this many: verifying 32 tokens costs ~11x one here, 15 often pays more
 
@@ -263,6 +264,13 @@ class RunConfig:
         config=(str,),
         in_json=False,
     )
+    prediction: str | None = option(
+        "--prediction",
+        type=str,
+        help="A file the answer is expected to repeat, such as the file being edited (OpenAI's predicted outputs): "
+        "lookup drafts from it first (auto or lookup drafter); the answer is the same with or without it.",
+        in_json=False,
+    )
     remeasure: bool = option(
         "--remeasure",
         type=bool,
@@ -273,6 +281,7 @@ class RunConfig:
     )
     debug: bool = False  # check the KV caches after every round (--debug, not a run option of its own)
     gbnf: str | None = None  # the grammar --json-schema or --grammar gives, as GBNF text (config.resolve)
+    prediction_text: str | None = None  # the --prediction file's text (config.resolve)
     pair: str | None = None  # the config's pair the settings came from (None: none was used)
     target_name: str | None = None  # the target as it was named (a known model's name, or a path)
 

@@ -11,6 +11,7 @@ from typing import Iterator
 
 import llama_cpp
 
+from . import chat as chat_
 from . import drafting
 from .backend import cpu, rpc, vocab
 from .backend.context import Context
@@ -104,6 +105,7 @@ class Session:
         draft = self.draft_context if self._draft_file else None
         self.curve = measure.Curve(self.target_ctx, draft, AUTO_K_MAX + 1, key=key, kept=kept)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
+        self.prefixes = None  # a server's long prompts kept on disk (serve/prefixes.py), restored where reused
         # A recurrent draft's state is probed with its weights (memory.rollback): it is loaded now.
         if self._draft_file and (not lazy_draft or self.draft_recurrent):
             self.draft_context()
@@ -203,13 +205,18 @@ class Session:
         return has if self.cfg.chat is None else self.cfg.chat
 
     def prompt_tokens(
-        self, prompt: str = "", *, messages: list[tuple[str, str]] | None = None, chat: bool | None = None
+        self,
+        prompt: str = "",
+        *,
+        messages: list[chat_.Message] | None = None,
+        tools: chat_.Tools | None = None,
+        chat: bool | None = None,
     ) -> list[int]:
         """In chat mode the prompt (and system prompt) is text inside the template; without it, the raw
         prompt's control-token text is parsed (a raw prompt may want them). `messages`: a whole chat, in
         the template; `chat`: with or without the template whatever the configuration says (a server's
-        two endpoints)."""
-        text = prompt if messages is None else "".join(content for _, content in messages)
+        two endpoints); `tools`: what the template shows the model (chat/template.py)."""
+        text = prompt if messages is None else "".join(m.content for m in messages)
         n_ctx, size = self.target_ctx.n_ctx, len(text.encode("utf-8"))
         # Refuse a text that cannot fit before tokenizing it: llama.cpp's tokenizers are not all linear
         # (SentencePiece's byte fallback grows its buffer one symbol at a time), and do not see Ctrl-C.
@@ -219,11 +226,17 @@ class Session:
                 f"(no token of {self.target.name} is longer than {self.target.max_token_bytes()} bytes)",
                 hint="raise -c/--ctx-size or shorten the prompt",
             )
+        if messages is None and (self.uses_chat if chat is None else chat):
+            messages = ([chat_.Message("system", self.cfg.system)] if self.cfg.system else []) + [
+                chat_.Message("user", prompt)
+            ]
         if messages is not None:
-            tokens = self.target.chat_tokens(messages)
-        elif self.uses_chat if chat is None else chat:
-            messages = ([("system", self.cfg.system)] if self.cfg.system else []) + [("user", prompt)]
-            tokens = self.target.chat_tokens(messages)
+            try:
+                tokens = chat_.tokens(self.target, messages, tools)
+            except chat_.TemplateError as e:
+                raise UsageError(
+                    str(e), hint="use --no-chat and write the prompt in the model's format yourself"
+                ) from None
         elif self.cfg.system and chat is None:
             why = "--no-chat turns it off" if self.cfg.chat is False else f"{self.target.name} has none"
             raise UsageError(
@@ -247,6 +260,8 @@ class Session:
         instruction: str = "",
         corpus: Corpus | None = CACHED,
         reuse: bool = False,
+        trigger=None,
+        prediction: str | None = None,
         **changes,
     ) -> Iterator[Event]:
         """Run the engine on prompt tokens. `changes`: settings of this run other than the session's
@@ -255,23 +270,37 @@ class Session:
         Lookup's sources: `instruction`, the user's prompt (the names it mentions are where the answer
         edits), and `corpus`, earlier answers: the lookup cache unless given (the bench brings its own).
         `reuse`: keep what both caches hold of this prompt from the run before (a server's chat turns);
-        Prefilled.cached says how much."""
+        Prefilled.cached says how much. `trigger`: the grammar (gbnf) applies from there on (a tool call's
+        opening marker, with tool_choice "auto"), LazyState. `prediction`: text the answer is expected to repeat
+        (OpenAI's predicted outputs; default: the --prediction file's), lookup's first source, counted in Stats."""
         run = self.cfg.override(**changes)
         self.check_branches(run.branches)
         name = self.able(run.drafter) if "drafter" in changes else self.drafter
-        return self._run(name, run, tokens, instruction, self.lookup_corpus() if corpus is CACHED else corpus, reuse)
+        corpus = self.lookup_corpus() if corpus is CACHED else corpus
+        prediction = prediction if prediction is not None else run.prediction_text
+        return self._run(name, run, tokens, instruction, corpus, reuse, trigger, prediction)
 
     def _run(
-        self, name: str, run: RunConfig, tokens: list[int], instruction: str, corpus: Corpus | None, reuse: bool
+        self,
+        name: str,
+        run: RunConfig,
+        tokens: list[int],
+        instruction: str,
+        corpus: Corpus | None,
+        reuse: bool,
+        trigger=None,
+        prediction: str | None = None,
     ) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other. The
         # user waits for the set-up too: its time is the prefill's (Prefilled.seconds).
         t0 = time.perf_counter()
-        self.kept.begin()
+        self.kept.begin(fit=reuse or not run.exact)  # exact mode's prompt cells differ without reuse (below)
         # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
-        grammar = Grammar(self.target, run.gbnf) if run.gbnf else None
+        grammar = Grammar(self.target, run.gbnf, trigger) if run.gbnf else None
         draft = (lambda: self.kept.take(self.draft_context(), tokens, reuse)) if self._draft_file else None
+        tokenize = functools.partial(self.target.tokenize, special=False)  # as the answer's text tokenizes
+        predicted = tuple(tokenize(prediction)) if prediction is not None else None
         drafter = drafting.build(
             name,
             drafting.Sources(
@@ -289,12 +318,15 @@ class Session:
                 lookup_branches=MAX_BRANCHES if self.target.rollback == "cells" else 1,
                 instruction=instruction,
                 corpus=corpus,
-                tokenize=functools.partial(self.target.tokenize, special=False),
+                prediction=predicted or (),
+                tokenize=tokenize,
                 grammar=grammar.start if grammar else None,
                 piece=self.target.piece,
             ),
         )
         main = self.kept.take(self.target_ctx, tokens, reuse)
+        if reuse and self.prefixes is not None:  # the prompt's saved blocks, where they reach further (and kept)
+            self.prefixes.restore(main, tokens)
         # Exact mode's prompt normally goes through the fast kernels (every run of a prompt decodes it
         # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in
         # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
@@ -303,7 +335,7 @@ class Session:
         setup = time.perf_counter() - t0
         try:
             events = generate(main, drafter, tokens, settings)
-            yield from with_text(_with_setup(events, setup), self.target.piece)
+            yield from with_text(_with_setup(events, setup, predicted), self.target.piece)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole
             self.kept.keep()
             raise
@@ -339,10 +371,12 @@ class Session:
         return self.curve.adopt(measured) if measured is not None else self.curve.get(tokens)
 
 
-def _with_setup(events: Iterator[Event], seconds: float) -> Iterator[Event]:
-    """The engine's events, the run's set-up before the engine started counted in its prefill."""
+def _with_setup(events: Iterator[Event], seconds: float, predicted: tuple[int, ...] | None) -> Iterator[Event]:
+    """The engine's events, the run's set-up before the engine started counted in its prefill, and the predicted
+    answer's length (None: none) told with it: the engine sees token ids only, not where a drafter's came from."""
+    n = len(predicted) if predicted is not None else None
     for event in events:
-        yield replace(event, seconds=event.seconds + seconds) if isinstance(event, Prefilled) else event
+        yield replace(event, seconds=event.seconds + seconds, prediction=n) if isinstance(event, Prefilled) else event
 
 
 class open_session:

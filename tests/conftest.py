@@ -28,6 +28,15 @@ def own_lookup_cache(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def own_prefix_cache(tmp_path, monkeypatch) -> Path:
+    """Every test (and the servers it starts) its own prefix cache: a test's long prompts must not be written
+    to the user's cache, nor restored from another test's."""
+    folder = tmp_path / "prefix-cache"
+    monkeypatch.setenv("SPECDEC_PREFIX_CACHE", str(folder))
+    return folder
+
+
+@pytest.fixture(autouse=True)
 def own_cost_curves(tmp_path, monkeypatch) -> Path:
     """Every test (and the processes it starts) its own kept cost curves: a test that measures must not
     get another's curve, nor the user's."""

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
+from specdec_cli.chat import Message
 from specdec_cli.engine.stats import collect
 from specdec_cli.serve.api import ApiError, StopText, parse
 from specdec_cli.serve.service import Gate
@@ -290,7 +291,7 @@ def test_with_exact_the_reused_turn_says_what_a_cold_run_says(smollm2):
     cfg = RunConfig(target=smollm2, drafter="auto", max_tokens=32, threads=2, ctx_size=1024, lookup_cache=False,
                     exact=True)  # fmt: skip
     with open_session(cfg) as cold:  # a session of its own: nothing to reuse
-        tokens = cold.prompt_tokens(messages=[(m["role"], m["content"]) for m in turn])
+        tokens = cold.prompt_tokens(messages=[Message(m["role"], m["content"]) for m in turn])
         events = list(cold.generate(tokens, reuse=True))
     assert events[0].cached == 0 and len(tokens) == b.usage.prompt_tokens
     assert collect(iter(events)).text == b.choices[0].message.content
@@ -347,7 +348,14 @@ def test_bad_requests_get_an_error_object_and_the_server_goes_on(smol_server):
             400,
             None,
         ),  # fmt: skip
-        (s.post(chat, {**good, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "tools"),
+        (s.post(chat, {**good, "tools": [{"type": "function", "function": {"name": "no spaces"}}]}), 400, "tools[0]"),
+        (
+            s.post(chat, {**good, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "g"}),
+            400,
+            "tool_choice",
+        ),
+        (s.post(chat, {**good, "tools": [{"type": "code_interpreter"}]}), 400, "tools"),
+        (s.post(chat, {**good, "prediction": {"type": "content", "content": 3}}), 400, "prediction.content"),
         (
             s.post(chat, {**good, "response_format": {"type": "json_schema", "json_schema": {"schema": "x"}}}),
             400,
@@ -473,7 +481,11 @@ def test_parse_refuses_wrong_types_with_the_field_named():
     assert e.value.param == "top_p" and e.value.status == 400
     req = parse("chat", {"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}]}],
                          "max_completion_tokens": 5, "draft_tokens": "auto", "seed": 3.0})  # fmt: skip
-    assert req.messages == [("system", "a")] and req.settings == {"max_tokens": 5, "draft_tokens": None, "seed": 3}
+    assert req.messages == [Message("system", "a")] and req.settings == {
+        "max_tokens": 5,
+        "draft_tokens": None,
+        "seed": 3,
+    }
 
 
 def test_gate_queues_up_to_its_bound_then_refuses():

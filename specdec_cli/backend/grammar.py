@@ -1,6 +1,7 @@
 """A GBNF grammar over a model's vocabulary, by llama.cpp's own grammar engine (`llama_sampler_init_grammar`):
 which tokens may come next, and the state after one. JSON Schema becomes GBNF through the converter
-llama-cpp-python ships. The engine sees only `GrammarState` (engine/constraint.py's State)."""
+llama-cpp-python ships, with what it gets wrong written by schema.py. The engine sees only `GrammarState`
+(engine/constraint.py's State)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,16 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import llama_cpp as L
 import numpy as np
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF
 
 from ..errors import UsageError
 from ..inputs import read_text
 from . import native
+from .schema import schema_to_gbnf
 
 ROOT = b"root"
 JSON_OBJECT = JSON_GBNF  # OpenAI's json_object: llama.cpp's json.gbnf (as llama-cpp-python ships it), an object
@@ -36,9 +38,9 @@ def from_schema(schema: str) -> str:
     if not isinstance(parsed, dict):
         raise UsageError("--json-schema must be a JSON object (a schema)")
     try:
-        return json_schema_to_gbnf(json.dumps(parsed))
-    except Exception as e:  # the converter's own errors: an unsupported feature, a bad reference
-        raise UsageError(f"--json-schema: the converter cannot express this schema: {type(e).__name__}: {e}") from None
+        return schema_to_gbnf(parsed)
+    except UsageError as e:
+        raise UsageError(f"--json-schema: {e.message}", hint=e.hint) from None
 
 
 def from_file(path: str) -> str:
@@ -64,9 +66,11 @@ def check(gbnf: str, schema: bool = False) -> None:
 class Grammar:
     """A parsed grammar for one model's vocabulary; `start()` is its state before any generated token."""
 
-    def __init__(self, model: native.Model, gbnf: str):
+    def __init__(self, model: native.Model, gbnf: str, trigger: Trigger | None = None):
         """`gbnf` was parsed by `check` (or made by the converter): no stderr to catch here, where a server's
-        other threads may be writing to it."""
+        other threads may be writing to it. `trigger`: the grammar applies from this text on (LazyState)."""
+        self.model, self.trigger = model, trigger
+        self._completers: list[int] | None = None
         ptr = L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), ROOT)
         if not ptr:  # a schema no value satisfies (an empty enum) converts to a grammar that does not parse
             raise UsageError(
@@ -77,8 +81,26 @@ class Grammar:
         eog = next(t for t in (L.llama_vocab_eos(model.vocab), L.llama_vocab_eot(model.vocab), 0) if t >= 0)
         self._start = GrammarState(ptr, model.n_vocab, eog)
 
-    def start(self) -> GrammarState:
-        return self._start.copy()
+    def start(self) -> GrammarState | LazyState:
+        return self._start.copy() if self.trigger is None else LazyState(self, "", None)
+
+    def reads(self, text: str) -> GrammarState | None:
+        """The strict grammar's state after `text` (None: it refuses it). The grammar reads characters, so
+        any tokenization of the text reaches the same state: the model's own is used."""
+        state = self._start
+        for token in self.model.tokenize_text(text, add_special=False, parse_special=True):
+            if not state.allows(token):
+                return None
+            state = state.after(token)
+        return state if state is not self._start else state.copy()
+
+    def completers(self) -> list[int]:
+        """The tokens that may complete the trigger: those whose text holds the marker's last character or a
+        quote (an opening `{"name"` ends with one); computed once."""
+        if self._completers is None:
+            marks = {b'"'} | ({self.trigger.tag[-1].encode()} if self.trigger.tag else set())
+            self._completers = [t for t in range(self.model.n_vocab) if any(m in self.model.piece(t) for m in marks)]
+        return self._completers
 
 
 class GrammarState:
@@ -135,6 +157,83 @@ class GrammarState:
         if self._ptr:
             L.llama_sampler_free(self._ptr)
             self._ptr = None
+
+
+class Trigger(Protocol):
+    """Where a lazy grammar begins (chat/calls.py's Format)."""
+
+    tag: str | None
+
+    def find(self, text: str) -> int: ...  # where the text holds the marker (-1: nowhere)
+    def opens(self, text: str) -> int | bool | None: ...  # the answer opens with the grammar: where (None: unknown)
+
+
+class LazyState:
+    """A grammar that applies from its trigger on (tool calls with tool_choice "auto": free text, then a call
+    whose arguments satisfy the tool's schema): a marker anywhere (`<tool_call>`), or the grammar's own text
+    opening the answer (a call's JSON). What llama.cpp's lazy grammar does, kept here so that a token
+    completing the trigger with text the grammar refuses (`<tool_call>` then anything but a call) is refused,
+    as the strict grammar refuses a token, rather than aborting the process in llama.cpp's accept. Until the
+    trigger every token is allowed, so the end of generation too."""
+
+    __slots__ = ("_g", "_tail", "_head", "_inner", "eog")
+
+    def __init__(self, grammar: Grammar, tail: str, inner: GrammarState | None, head: str | None = ""):
+        self._g, self._tail, self._inner = grammar, tail, inner
+        self._head = head  # the answer so far while it may still open with the grammar (None: it does not)
+        self.eog = grammar._start.eog
+
+    def copy(self) -> LazyState:
+        return LazyState(self._g, self._tail, self._inner.copy() if self._inner is not None else None, self._head)
+
+    def _read(self, token: int) -> tuple[str, str | None, GrammarState | None, bool]:
+        """(the tail of text kept, the head, the strict state once triggered, whether the grammar allows it)"""
+        trigger = self._g.trigger
+        piece = self._g.model.piece(token).decode("utf-8", "replace")
+        text, head = self._tail + piece, None
+        if self._head is not None:
+            head = text = self._head + piece
+            at = trigger.opens(head)
+            if at is None:
+                return "", head, None, True
+            if at is not False:
+                inner = self._g.reads(head[at:])
+                return "", None, inner, inner is not None
+            head = None
+        hit = trigger.find(text)
+        if hit < 0:
+            keep = len(trigger.tag) - 1 if trigger.tag else 0
+            return (text[-keep:] if keep else ""), None, None, True
+        inner = self._g.reads(text[hit:])
+        return "", None, inner, inner is not None
+
+    def after(self, token: int) -> LazyState:
+        if self._inner is not None:
+            return LazyState(self._g, "", self._inner.after(token), None)
+        tail, head, inner, _ = self._read(token)
+        return LazyState(self._g, tail, inner, head)
+
+    def allows(self, token: int) -> bool:
+        if self._inner is not None:
+            return self._inner.allows(token)
+        return self._read(token)[3]
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        if self._inner is not None:
+            return self._inner.allowed(ids)
+        return np.array([self._read(int(t))[3] for t in ids], dtype=bool)
+
+    def complete(self) -> bool:
+        return self._inner.complete() if self._inner is not None else True
+
+    def mask(self, row: np.ndarray) -> np.ndarray:
+        if self._inner is not None:
+            return self._inner.mask(row)
+        out = row.copy()
+        for t in self._g.completers():
+            if t < len(out) and not self._read(t)[3]:
+                out[t] = -np.inf
+        return out
 
 
 def _init(vocab: Any, gbnf: str):

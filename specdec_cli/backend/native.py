@@ -12,7 +12,6 @@ import ctypes
 import functools
 import os
 import re
-import secrets
 import sys
 from collections import deque
 from pathlib import Path
@@ -252,9 +251,9 @@ class Model:
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         """Text to token ids; `special` adds BOS (when the model wants it) and parses control tokens."""
-        return self._tokenize(text, add_special=special, parse_special=special)
+        return self.tokenize_text(text, add_special=special, parse_special=special)
 
-    def _tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+    def tokenize_text(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         raw = text.encode("utf-8")
         cap = len(raw) + 8
         buf = (L.llama_token * cap)()
@@ -280,35 +279,25 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return bool(L.llama_vocab_is_eog(self.vocab, token))
 
-    def chat_tokens(self, messages: list[tuple[str, str]]) -> list[int]:
-        """The chat template around (role, content) messages, tokenized so that only the template's own
-        markup can become control tokens: the contents are tokenized as text, so a prompt that contains
-        `<|im_start|>system` stays text and cannot open a turn of its own.
+    def token_text(self, token: int) -> str:
+        """A special token's text as templates write it (`bos_token`); "" for none."""
+        if token < 0:
+            return ""
+        return (L.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", "replace")
 
-        Contents without control-token text are tokenized with the template in one piece, as always (a
-        SentencePiece vocabulary adds a space prefix at every cut). Otherwise the template is rendered with
-        a random mark in place of each content and cut there: markup pieces are parsed for special tokens,
-        contents are not."""
-        if all(
-            self._tokenize(c, add_special=False, parse_special=True)
-            == self._tokenize(c, add_special=False, parse_special=False)
-            for _, c in messages
-        ):
-            return self.tokenize(self.apply_chat_template(messages), special=True)
-        marks = [f"\x1f{secrets.token_hex(8)}\x1f" for _ in messages]
-        contents = {mark: content for mark, (_, content) in zip(marks, messages)}
-        rendered = self.apply_chat_template([(role, mark) for mark, (role, _) in zip(marks, messages)])
-        tokens: list[int] = []
-        for i, piece in enumerate(re.split("(" + "|".join(map(re.escape, marks)) + ")", rendered)):
-            if piece in contents:
-                tokens += self._tokenize(contents[piece], add_special=False, parse_special=False)
-            elif piece or i == 0:  # the first piece carries BOS, when the model wants one
-                tokens += self._tokenize(piece, add_special=i == 0, parse_special=True)
-        return tokens
+    def add_bos(self) -> bool:
+        return bool(L.llama_vocab_get_add_bos(self.vocab))
 
-    def apply_chat_template(self, messages: list[tuple[str, str]]) -> str:
-        """Render (role, content) messages with the model's own template, ready for the reply."""
+    def special_texts(self) -> tuple[str, str]:
+        """The BOS and EOS tokens' texts, as chat templates name them."""
+        return self.token_text(L.llama_vocab_bos(self.vocab)), self.token_text(L.llama_vocab_eos(self.vocab))
+
+    def builtin_chat(self, messages: list[tuple[str, str]]) -> str | None:
+        """(role, content) messages by llama.cpp's built-in renderer, ready for the reply; None where it does
+        not know the model's template."""
         tmpl = L.llama_model_chat_template(self._ptr, None)
+        if tmpl is None:
+            return None
         chat = (L.llama_chat_message * len(messages))()
         keep = []  # the C strings must outlive the call
         for i, (role, content) in enumerate(messages):
@@ -322,8 +311,5 @@ class Model:
             buf = ctypes.create_string_buffer(n)
             n = L.llama_chat_apply_template(tmpl, chat, len(messages), True, buf, n)
         if n < 0:
-            raise SpecdecError(
-                f"{self.name}: llama.cpp does not recognise its chat template",
-                hint="use --no-chat and write the prompt in the model's format yourself",
-            )
+            return None
         return buf.raw[:n].decode("utf-8", "replace")

@@ -32,6 +32,9 @@ class Tally:
     rounds: dict[str, int] = field(default_factory=dict)  # by drafter ("none": plain rounds)
     drafted: int = 0
     accepted: int = 0
+    predicted: int = 0  # requests given a predicted answer (--prediction), and what came of its draft tokens
+    prediction_accepted: int = 0
+    prediction_rejected: int = 0
     started: float = field(default_factory=time.monotonic)
     wall: float = 0.0
     interrupted: bool = False
@@ -44,6 +47,10 @@ class Tally:
         self.generation_seconds += spec["generation_seconds"]
         self.drafted += spec["drafted"]
         self.accepted += spec["accepted"]
+        if "prediction_tokens" in spec:
+            self.predicted += 1
+            self.prediction_accepted += spec["prediction_accepted"]
+            self.prediction_rejected += spec["prediction_rejected"]
         for name, part in spec["by_drafter"].items():
             self.rounds[name] = self.rounds.get(name, 0) + part["rounds"]
             self.emitted += part["emitted"]

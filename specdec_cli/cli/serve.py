@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import threading
 from pathlib import Path
@@ -13,15 +14,17 @@ import typer
 from .. import options, signals, ui
 from .common import CONFIG, PAIR, model_names, opened, resolve
 from ..errors import SpecdecError, UsageError
+from ..serve import prefixes
 from ..serve.http import Server
 from ..serve.service import Service
 
 PORT = 8080  # llama-server's default: clients configured for it find us
 QUEUE = 16  # requests that may wait for the one generating; more get 503 with Retry-After
 API_KEY_ENV = "SPECDEC_API_KEY"  # a key in the environment stays out of `ps` and shell history
+GIB = 1 << 30
 
 
-@options.with_options(*options.BY_KEY)
+@options.with_options(*(k for k in options.BY_KEY if k != "prediction"))  # a request's own (its `prediction`)
 def serve(
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Address to listen on; anything but loopback needs --api-key."
@@ -33,14 +36,27 @@ def serve(
         help=f"Require 'Authorization: Bearer KEY' on every request but /health (default: ${API_KEY_ENV}).",
     ),
     queue: int = typer.Option(QUEUE, "--queue", help="Requests that may wait while one generates; more get 503."),
+    prefix_cache: bool = typer.Option(
+        True,
+        "--prefix-cache/--no-prefix-cache",
+        help="Keep the KV cells of long prompts (1,024+ tokens) in the specdec cache, so that a prompt seen before, "
+        "after a restart too, is read back instead of prefilled ($SPECDEC_PREFIX_CACHE moves it).",
+    ),
+    prefix_cache_size: float = typer.Option(
+        prefixes.MAX_BYTES / GIB,
+        "--prefix-cache-size",
+        help="GiB the prefix cache may hold on disk, over every model; the least recently used go first.",
+    ),
     pair: Optional[str] = PAIR,
     config_path: Optional[Path] = CONFIG,
     debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; log every request."),
     **given: Any,
 ) -> None:
-    """Serve the pair over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/models; /health."""
+    """Serve the pair over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses and /v1/models; Anthropic's /v1/messages; /health."""
     if queue < 0:
         raise UsageError(f"--queue must be at least 0 (got {queue})")
+    if not (math.isfinite(prefix_cache_size) and prefix_cache_size > 0):
+        raise UsageError(f"--prefix-cache-size must be a positive number of GiB (got {prefix_cache_size})")
     if not 0 <= port < 65536:
         raise UsageError(f"--port must be 0-65535 (got {port})")
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
@@ -57,6 +73,9 @@ def serve(
         ) from None
     try:
         with opened(cfg, costs=True) as session:
+            why = prefixes.attach(session, int(prefix_cache_size * GIB), ui.warning) if prefix_cache else None
+            if why:
+                ui.note(f"prefix cache off: {why}")
             server.service = Service(session, *model_names(cfg), queue)
             _serve(server, host, api_key is not None, cfg)
     finally:

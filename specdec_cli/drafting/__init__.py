@@ -2,10 +2,11 @@
 for a run, in one call.
 
 model.py drafts with a small model (a chain is a tree of one branch) over a window of the text (window.py);
-lookup.py copies from the text, the user's instruction (hints.py) and earlier answers (corpus.py, kept on disk by
-cache.py); auto.py chooses among them every round by the cost model (cost.py). Adding a drafter: a `Drafter`
-subclass and one `declare(Kind(...))`. The command line's choices, the options' rules, the config, the
-statistics, the bench and the server read the traits; nothing outside this package compares drafter names.
+lookup.py copies from the predicted answer (prediction.py), the text, the user's instruction (hints.py) and
+earlier answers (corpus.py, kept on disk by cache.py); auto.py chooses among them every round by the cost model
+(cost.py). Adding a drafter: a `Drafter` subclass and one `declare(Kind(...))`. The command line's choices, the
+options' rules, the config, the statistics, the bench and the server read the traits; nothing outside this
+package compares drafter names.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from .auto import AutoDrafter
 from .corpus import Corpus
 from .cost import Costs
 from .forced import Forced
-from .lookup import LookupDrafter
+from .lookup import LookupDrafter, line_ends
 from .model import ModelDrafter
+from .prediction import Prediction
 
 DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
 DRAFT_WINDOW = 2048  # the draft model's window: the text's first 512 tokens and its last 1,536 (window.py)
@@ -46,6 +48,7 @@ class Sources:
     lookup_branches: int = 1  # a lookup tree's leaves (each forks the target's state)
     instruction: str = ""
     corpus: Corpus | None = None  # earlier answers (the lookup cache)
+    prediction: tuple[int, ...] = ()  # the predicted answer's tokens (OpenAI's `prediction`), tokenized as `tokenize`
     grammar: Callable[[], Any] | None = None  # a constrained run: the grammar's start state (a new one per call)
     tokenize: Callable[[str], list[int]] = lambda text: []
     piece: Callable[[int], bytes] = lambda token: b""
@@ -67,7 +70,11 @@ class Sources:
         )
 
     def lookup(self) -> LookupDrafter:
-        return LookupDrafter.for_instruction(self.instruction, self.corpus, self.tokenize, self.piece)
+        return LookupDrafter.for_instruction(self.instruction, self.corpus, self.tokenize, self.piece, self.predicted())
+
+    def predicted(self) -> Prediction | None:
+        """The predicted answer as lookup's first source (a new cursor per drafter); None without one."""
+        return Prediction(self.prediction, line_ends(self.piece)) if self.prediction else None
 
     def auto(self, lookup: bool = True, model: bool = True) -> AutoDrafter:
         costs = self.costs()
@@ -179,7 +186,7 @@ declare(Kind(name="model", build=_model, model=NEEDS, trees=True, cost="model", 
 declare(
     Kind(
         name="lookup",
-        build=lambda s: LookupDrafter() if s.k is not None else s.auto(model=False),
+        build=lambda s: LookupDrafter(prediction=s.predicted()) if s.k is not None else s.auto(model=False),
         lookup=True,
         k=None,
         help="copy from the prompt and the text so far",

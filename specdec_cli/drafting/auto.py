@@ -32,7 +32,10 @@ LOOKUP_PRIOR = (0.2, 0.35, 0.45, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85)  # longe
 # The other candidates (lookup.Candidate.source), same buckets: another occurrence is the copy's runner-up;
 # an edited line's next source line is about even; an earlier answer needs a long match to be trusted (a
 # run whose requests do not repeat must not pay for the cache: it drafts from it only once it has been right).
+# The predicted answer (drafting/prediction.py; bucket: the stretch followed since its cursor was anchored) is the
+# user's word that the answer repeats it: trusted from its first token, more than any copy the text offers.
 SOURCE_PRIORS = {
+    "prediction": (0.6, 0.7, 0.75, 0.8, 0.85, 0.85, 0.9, 0.9, 0.9, 0.95),
     "copy": LOOKUP_PRIOR,
     "line-copy": (0.5, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85, 0.85, 0.9, 0.9),
     "other": (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55),
@@ -220,7 +223,9 @@ class AutoDrafter(Drafter):
             return 0.0, None
         shape = Tree.of(parents) if len(set(parents)) < len(parents) else CHAIN
         depth = shape.depth() if isinstance(shape, Tree) else len(tokens)
-        return tree_rate, Draft(tokens, None, source="lookup", k=depth, predicted=e, match=offers[0].match, shape=shape)
+        mine = next((_nodes(tokens, parents, c.tokens) for c in offers if c.source == "prediction"), ())
+        draft = Draft(tokens, None, source="lookup", k=depth, predicted=e, match=offers[0].match, shape=shape)
+        return tree_rate, replace(draft, from_prediction=mine)
 
     def _chances(self, c: Candidate) -> list[float]:
         """Token i of a candidate is right if its match, by then match + i tokens long, holds on; at a
@@ -294,6 +299,17 @@ class AutoDrafter(Drafter):
     def check(self, committed: list[int]) -> None:
         if self.draft_model is not None:
             self.draft_model.check(committed)
+
+
+def _nodes(tokens: list[int], parents: list[int], path: list[int]) -> tuple[int, ...]:
+    """The nodes of a draft tree (its tokens, each with its parent) that spell a prefix of `path`."""
+    out, node = [], -1
+    for t in path:
+        node = next((i for i, (u, p) in enumerate(zip(tokens, parents)) if p == node and u == t), None)
+        if node is None:
+            break
+        out.append(node)
+    return tuple(out)
 
 
 class CostPolicy(DraftPolicy):

@@ -66,6 +66,11 @@ def occurrences(history: np.ndarray, max_match: int = MAX_MATCH, limit: int = 1)
     return out
 
 
+def line_ends(piece: Callable[[int], bytes]) -> Callable[[int], bool]:
+    """Whether a token of this vocabulary (`piece`: its bytes) ends a line."""
+    return lambda token: b"\n" in piece(token)
+
+
 def longer(text: np.ndarray, ends: np.ndarray, length: int, history: np.ndarray) -> np.ndarray:
     """Of the places in `text` ending at `ends` where history's last `length` tokens occur, those where its
     last length + 1 do (a match that reaches the start of the text cannot grow)."""
@@ -275,10 +280,14 @@ class LookupDrafter(Drafter):
         hints: tuple[tuple[int, ...], ...] = (),
         newline: Callable[[int], bool] | None = None,
         renames: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (),
+        prediction=None,
     ):
         self.min_match = min_match
         self.history = History()
         self.copy = Copy()
+        self.prediction = prediction  # a prediction.Prediction, the predicted answer: drafted from first
+        if prediction is not None:
+            prediction.subs = self.copy.subs  # one set of the answer's substitutions, learned from either
         for old, new in renames:  # "rename X to Y": the substitution the answer will make, known before it does
             if old and new and old != new:
                 self.copy.subs.setdefault(old[0], {})[old] = new
@@ -292,18 +301,23 @@ class LookupDrafter(Drafter):
 
     @classmethod
     def for_instruction(
-        cls, instruction: str, corpus, tokenize: Callable[[str], list[int]], piece: Callable[[int], bytes]
+        cls,
+        instruction: str,
+        corpus,
+        tokenize: Callable[[str], list[int]],
+        piece: Callable[[int], bytes],
+        prediction=None,
     ) -> LookupDrafter:
         """Lookup with all it knows of a run: the names the user's instruction mentions (where the answer
         edits) and the renames it asks for, as tokens with and without a leading space; earlier answers
-        (`corpus`); and the target's vocabulary (`piece`: which tokens end a line)."""
+        (`corpus`); the target's vocabulary (`piece`: which tokens end a line); the predicted answer."""
         hints = tuple(tuple(tokenize(space + name)) for name in hints_in(instruction) for space in ("", " "))
         renames = tuple(
             (tuple(tokenize(space + old)), tuple(tokenize(space + new)))
             for old, new in renames_in(instruction)
             for space in ("", " ")
         )
-        return cls(corpus=corpus, hints=hints, newline=lambda token: b"\n" in piece(token), renames=renames)
+        return cls(corpus=corpus, hints=hints, newline=line_ends(piece), renames=renames, prediction=prediction)
 
     def continuation(self, committed: list[int], k: int) -> tuple[int, list[int]]:
         """(match length, up to k tokens that followed the match)."""
@@ -315,19 +329,26 @@ class LookupDrafter(Drafter):
         return length, self.copy.propose(h, start, k)
 
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
-        length, tokens = self.continuation(committed, k)
+        length, tokens = self.continuation(committed, k)  # (the copy follows the text, drafted or not)
+        if self.prediction is not None:  # first, with no match needed: the user's word is that the answer repeats it
+            match, predicted = self.prediction.continuation(self.history.sync(committed), k)
+            if predicted:
+                mine = tuple(range(len(predicted)))
+                return Draft(predicted, None, source=self.name, k=k, match=match, from_prediction=mine)
         if length < self.min_match:
             return Draft([], None, source=self.name, k=k)
         return Draft(tokens, None, source=self.name, k=k, match=length)
 
     def candidates(self, committed: list[int], k: int) -> list[Candidate]:
-        """Every continuation worth drafting after `committed`, up to k tokens each, the copy first."""
+        """Every continuation worth drafting after `committed`, up to k tokens each, the prediction's and the copy first."""
         h = self.history.sync(committed)
         self.copy.follow(h)
         left = self.copy.left
         if left is not None and left[0] >= 2:
             self.departures.add((int(h[left[0] - 2]), int(h[left[0] - 1])))
-        out: list[Candidate] = []
+        # The predicted answer first: the user's word is that the answer repeats it.
+        length, tokens = self.prediction.continuation(h, k) if self.prediction is not None else (0, [])
+        out = [Candidate(tokens, "prediction", length)] if tokens else []
         found = occurrences(h, limit=MAX_ALTERNATIVES + 1)  # one scan of the text for the copy and the others
         length, start = self.copy.match(h, found[0] if found else (0, -1))
         if length:

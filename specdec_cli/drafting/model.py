@@ -347,6 +347,8 @@ def _sibling(
     rest = dist.copy()
     rest[d] = 0.0
     r = int(rest.argmax()) if st is None or not sampler.greedy else _runner_up(row, d, st)
+    if r is None:
+        return None
     path = [tree.confidence[i] for i in tree.path(parent)]
     if not (rest[r] >= p_split and rest[r] > 0 and policy.fork_pays(path, float(rest[r]), left, len(tree.tokens))):
         return None
@@ -368,8 +370,10 @@ def _decode(cache: Branches, seqs: dict, batch: list[tuple[int, int]], max_branc
     return [out[i][:vocab].copy() for i in range(len(batch))]
 
 
-def _runner_up(row: np.ndarray, best: int, state: State) -> int:
-    """Greedy: the best token the grammar allows after `best`."""
+def _runner_up(row: np.ndarray, best: int, state: State) -> int | None:
+    """Greedy: the best token the grammar allows after `best` (None: it allows no other, as where a tool call's
+    name is forced: the masked row is all -inf then, and its argmax, token 0, is no token to draft)."""
     rest = row.copy()
     rest[best] = -np.inf
-    return best_allowed(rest, state)
+    r = best_allowed(rest, state)
+    return r if state.allows(r) else None

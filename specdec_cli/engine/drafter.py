@@ -26,6 +26,7 @@ class Draft:
     match: int | None = None  # lookup: the copied stretch it continues (suffix match, or a copy followed through edits)
     notice: str | None = None  # the drafter stopped drafting for good this round, and why (said to the user once)
     shape: Chain | Tree = CHAIN  # how the tokens hang together: a chain, or a tree (engine/shapes.py)
+    from_prediction: tuple[int, ...] = ()  # lookup: the indices of the tokens the predicted answer proposed
     # What the round considered, for the drafter's `observe` (so no drafter keeps "this round" in itself):
     offers: tuple[Any, ...] = ()  # auto: lookup's candidates, each learns from the round's text, drafted or not
     decodes: int = 0  # draft-model decodes spent (auto may verify fewer tokens): the draft's cost per token

@@ -18,6 +18,7 @@ class Prefilled:
     prompt_tokens: int
     seconds: float
     cached: int = 0  # of the prompt's tokens, how many the target's cache already held (a server's reuse)
+    prediction: int | None = None  # the predicted answer's length in tokens, where the run was given one
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +30,7 @@ class Token:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Round:
-    """One round in numbers. Keyword-only: of thirteen fields several are floats side by side, and a
+    """One round in numbers. Keyword-only: of fifteen fields several are floats side by side, and a
     swapped pair would pass silently."""
 
     drafted: int  # draft tokens the target verified
@@ -45,6 +46,9 @@ class Round:
     rejected: bool = False  # the round ended in a correction (not a bonus, not plain decoding)
     branches: int = 1  # tree drafting: branches verified this round (`drafted` counts every node)
     winner: int = 0  # the branch whose accepted prefix was kept (0: the main one)
+    # Of `drafted`, those the predicted answer proposed (OpenAI's `prediction`), and of those, the accepted.
+    from_prediction: int = 0
+    prediction_accepted: int = 0
 
 
 @dataclass(frozen=True, slots=True)

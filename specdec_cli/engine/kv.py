@@ -66,6 +66,11 @@ class Sequence:
             self.decoded(len(chunk))
         return logits
 
+    def restored(self, tokens: list[int]) -> None:
+        """The cache holds `tokens` at positions 0..len-1, its cells read back from a saved state (a server's
+        prefix cache) rather than decoded: nothing to roll back into."""
+        self.tokens, self.sinks, self.dropped, self._undo = list(tokens), 0, 0, 0
+
     def decoded(self, n: int) -> None:
         """A decode of n tokens in this sequence: a recurrent state's snapshots are those of its last n - 1
         (the state after the first is the oldest kept), as far as the context keeps snapshots."""
@@ -223,10 +228,13 @@ class Kept:
         self._held: dict[Context, Sequence] = {}  # what a finished run left in each cache
         self._at = version()  # the version they were kept at
         self._taken: dict[Context, Sequence] = {}  # the current run's sequences
+        self._fit = True  # whether the current run's cells may serve a later run (begin)
 
-    def begin(self) -> None:
-        """A run starts: what a run before it took and did not keep (it failed) is not handed on."""
+    def begin(self, fit: bool = True) -> None:
+        """A run starts: what a run before it took and did not keep (it failed) is not handed on. `fit`: its
+        cells may serve a later run (not in exact mode without reuse, whose prompt goes through other kernels)."""
         self._taken.clear()
+        self._fit = fit
 
     def take(self, ctx: Context, tokens: list[int], reuse: bool) -> Sequence:
         """Sequence 0 of a context for a run on `tokens`: empty, or (reuse) what it held after the run
@@ -242,6 +250,12 @@ class Kept:
 
     def keep(self) -> None:
         """The run ended cleanly (its caches rolled back to its text): the next run may start from them."""
-        self._held.update(self._taken)
+        if self._fit:
+            self._held.update(self._taken)
         self._taken.clear()
         self._at = self._version()
+
+    def held(self, ctx: Context) -> Sequence | None:
+        """What a context kept from the last run (None: nothing, or emptied since): a server saves its prompt."""
+        seq = self._held.get(ctx)
+        return seq if seq is not None and self._at == self._version() else None

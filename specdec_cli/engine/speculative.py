@@ -152,9 +152,11 @@ def rollback(
 
 
 def _round(draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, rejected: bool, winner: int) -> Round:
+    accepted = outcome.path[:emitted]  # (nothing after an end-of-generation token)
+    predicted = {i for i in draft.from_prediction if i < len(draft.tokens)}  # (a grammar may have cut the draft)
     return Round(
         drafted=len(draft.tokens),
-        accepted=min(len(outcome.path), emitted),
+        accepted=len(accepted),
         emitted=emitted,
         draft_seconds=outcome.draft_seconds,
         verify_seconds=outcome.verify_seconds,
@@ -166,6 +168,8 @@ def _round(draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, reje
         rejected=rejected,
         branches=draft.shape.branches,
         winner=winner,
+        from_prediction=len(predicted),
+        prediction_accepted=sum(i in predicted for i in accepted),
     )
 
 

@@ -77,6 +77,12 @@ class Stats:
     generation_seconds: float = 0.0
     stop_reason: str | None = None
     complete: bool | None = None  # a constrained text: whether it is a whole sentence of the grammar (None: none)
+    # A predicted answer (OpenAI's `prediction`): its length in tokens (None: none was given), and of the draft
+    # tokens it proposed, those accepted and those the target rejected (OpenAI's accepted_prediction_tokens and
+    # rejected_prediction_tokens).
+    prediction_tokens: int | None = None
+    prediction_accepted: int = 0
+    prediction_rejected: int = 0
 
     def add(self, event: Event) -> None:
         if isinstance(event, Token):
@@ -93,6 +99,8 @@ class Stats:
                 self.ttft_seconds = self.prefill_seconds + event.seconds
             self.by_drafter.setdefault(event.drafter, DrafterStats()).add(event)
             self.branches += event.branches
+            self.prediction_accepted += event.prediction_accepted
+            self.prediction_rejected += event.from_prediction - event.prediction_accepted
             if event.branches > 1:
                 self.tree_rounds += 1
                 _grow(self.branch_wins, event.branches)
@@ -108,6 +116,7 @@ class Stats:
         elif isinstance(event, Prefilled):
             self.prompt_tokens = event.prompt_tokens
             self.prefill_seconds = event.seconds
+            self.prediction_tokens = event.prediction
         elif isinstance(event, Stopped):
             self.stop_reason, self.complete = event.reason, event.complete
 
@@ -127,8 +136,8 @@ class Stats:
                     for name, d in theirs.items():
                         mine.setdefault(name, DrafterStats()).merge(d)
                 elif isinstance(theirs, (int, float)) and not isinstance(theirs, bool):  # counts and seconds (not
-                    # stop_reason, a string, nor `complete`, a verdict)
-                    setattr(total, f.name, mine + theirs)
+                    # stop_reason, a string, nor `complete`, a verdict; prediction_tokens where a part had one)
+                    setattr(total, f.name, (mine or 0) + theirs)
         return total
 
     @property
@@ -189,6 +198,15 @@ class Stats:
             "mean_branches": round(self.branches / self.rounds, 4) if self.rounds else 0.0,
             "tree_rounds": self.tree_rounds,
             "branch_wins": list(self.branch_wins),
+        } | (self._prediction() if self.prediction_tokens is not None else {})
+
+    def _prediction(self) -> dict:
+        """A run given a predicted answer: its tokens, and its draft tokens accepted and rejected (OpenAI's usage
+        calls the counts accepted_prediction_tokens and rejected_prediction_tokens)."""
+        return {
+            "prediction_tokens": self.prediction_tokens,
+            "prediction_accepted": self.prediction_accepted,
+            "prediction_rejected": self.prediction_rejected,
         }
 
     def predicted_vs_realised(self) -> tuple[float, float] | None:

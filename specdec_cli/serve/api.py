@@ -12,16 +12,18 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
-from .. import options
+from .. import options, ui
 from ..backend import grammar
-from ..errors import UsageError
+from ..chat import Message, Tools
 from ..engine.stats import Stats
+from ..errors import UsageError
+from . import chat
+from .body import ApiError, decode, json_type, number, text, typed  # noqa: F401 (ApiError, decode: re-exported)
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}  # what generates (serve and batch)
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # API field -> run option, for the fields that set one (the extra body fields keep specdec's names).
 SETTINGS = {
     "max_tokens": "max_tokens",
@@ -46,14 +48,11 @@ UNSUPPORTED = {  # field: the value we can honour (anything else is refused)
 
 
 NOT_DONE = {  # fields whose request would change the answer's form, which we cannot honour: refused, not ignored
-    "tools": "tool calls",
-    "tool_choice": "tool calls",
-    "functions": "function calls",
+    "functions": "function calls (send tools)",
     "function_call": "function calls",
     "logit_bias": "logit biases",
     "suffix": "insertion (suffix)",
     "audio": "audio output",
-    "prediction": "predicted outputs",
     "web_search_options": "web search",
     "top_logprobs": "log probabilities",
 }
@@ -66,46 +65,27 @@ IGNORED = {
     "service_tier",
     "prompt_cache_key",
     "safety_identifier",
-    "parallel_tool_calls",
     "reasoning_effort",
     "verbosity",
 }
 # Every field a body may have; any other is refused as OpenAI refuses it (a typo such as `temprature`
 # would otherwise run with the default, unnoticed).
-READ = {"stream", "stream_options", "stop", "exact", "cache_prompt", "response_format"}
+READ = {"stream", "stream_options", "stop", "exact", "cache_prompt", "response_format", "prediction"}
+TOOLS = {"tools", "tool_choice", "parallel_tool_calls"}
 FIELDS = {
-    kind: {prompt, *READ, *SETTINGS, *UNSUPPORTED, *NOT_DONE, *IGNORED}
+    kind: {prompt, *READ, *SETTINGS, *UNSUPPORTED, *NOT_DONE, *IGNORED, *(TOOLS if kind == "chat" else ())}
     for kind, prompt in (("chat", "messages"), ("completion", "prompt"))
 }
-
-
-class ApiError(Exception):
-    """A request we refuse: an HTTP status and OpenAI's error object."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        retry_after: int | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.retry_after = retry_after
-
-    def body(self) -> dict:
-        kind = {401: "authentication_error", 404: "not_found_error", 503: "server_error"}.get(self.status)
-        kind = kind or ("invalid_request_error" if self.status < 500 else "server_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
 class Request:
     kind: str  # "chat" | "completion"
     model: str | None
-    messages: list[tuple[str, str]] = field(default_factory=list)  # (role, text), chat
+    messages: list[Message] = field(default_factory=list)  # chat
+    tools: Tools | None = None  # chat: the tools on offer and what the model may do with them
+    prediction: str | None = None  # predicted output: text the answer is expected to repeat
+    prompt_tokens: int = 0  # the prompt's length, once it is tokenized (a stream's first event may say it)
     prompt: str = ""  # completion
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: usage in a chunk of its own, as OpenAI does
@@ -120,18 +100,8 @@ class Request:
     @property
     def instruction(self) -> str:
         """What lookup reads for the names an edit will touch: the last user turn, or the prompt."""
-        users = [text for role, text in self.messages if role == "user"]
+        users = [m.content for m in self.messages if m.role == "user"]
         return users[-1] if users else self.prompt
-
-
-def decode(raw: bytes | str) -> Any:
-    """A request's JSON: an HTTP body (serve), a line of a batch file (batch)."""
-    try:
-        return json.loads(raw)
-    except ValueError as e:  # not JSON, not UTF-8/16/32, or a number past Python's 4,300-digit limit
-        raise ApiError(400, f"the body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ApiError(400, "the body is nested too deeply") from None
 
 
 def parse(kind: str, body: Any) -> Request:
@@ -140,15 +110,16 @@ def parse(kind: str, body: Any) -> Request:
     unknown = sorted(set(body) - FIELDS[kind], key=str)
     if unknown:
         raise ApiError(400, f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
-    model = _typed(body, "model", str)
+    model = typed(body, "model", str)
     req = Request(kind, model)
     if kind == "chat":
-        req.messages = _messages(body.get("messages"))
+        req.messages = chat.messages(body.get("messages"))
+        req.tools = chat.tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
     else:
         req.prompt = _prompt(body.get("prompt"))
-    req.stream = bool(_typed(body, "stream", bool))
-    stream_options = _typed(body, "stream_options", dict) or {}
-    req.include_usage = bool(_typed(stream_options, "include_usage", bool, "stream_options.include_usage"))
+    req.stream = bool(typed(body, "stream", bool))
+    stream_options = typed(body, "stream_options", dict) or {}
+    req.include_usage = bool(typed(stream_options, "include_usage", bool, "stream_options.include_usage"))
     req.stop = _stop(body.get("stop"))
     for name, allowed in UNSUPPORTED.items():
         value = body.get(name)
@@ -165,15 +136,31 @@ def parse(kind: str, body: Any) -> Request:
         if key == "draft_tokens":
             value = _draft_tokens(value)
         elif key == "drafter":
-            value = _typed(body, name, str)
+            value = typed(body, name, str)
         else:
-            value = _number(value, name, integer=options.BY_KEY[key].type is int)
+            value = number(value, name, integer=options.BY_KEY[key].type is int)
         req.settings[key] = value
     if body.get("response_format") is not None:  # its own: "text" is unconstrained, whatever the server's default
         req.settings["gbnf"] = _response_format(body["response_format"])
-    req.exact = _typed(body, "exact", bool)
-    req.cache_prompt = _typed(body, "cache_prompt", bool)
+    req.exact = typed(body, "exact", bool)
+    req.cache_prompt = typed(body, "cache_prompt", bool)
+    req.prediction = _prediction(body.get("prediction"))
+    if req.tools is not None and req.tools.choice != "none" and req.settings.get("gbnf"):
+        raise ApiError(
+            400,
+            "response_format with tools is not supported: the calls have their own grammar",
+            param="response_format",
+        )
     return req
+
+
+def _prediction(value: Any) -> str | None:
+    """OpenAI's {"type": "content", "content": text or text parts}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") != "content":
+        raise ApiError(400, 'prediction must be {"type": "content", "content": ...}', param="prediction")
+    return chat.parts(value.get("content"), "prediction.content") or None
 
 
 def _response_format(value: Any) -> str | None:
@@ -205,26 +192,6 @@ def api_name(key: str) -> str:
     return next((name for name, option in SETTINGS.items() if option == key), key)
 
 
-def _typed(body: dict, name: str, kind: type, shown: str | None = None) -> Any:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        want = {str: "a string", bool: "true or false", dict: "an object"}[kind]
-        raise ApiError(400, f"{shown or name} must be {want} (got {_json_type(value)})", param=shown or name)
-    return value
-
-
-def _number(value: Any, name: str, integer: bool) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ApiError(400, f"{name} must be a number (got {_json_type(value)})", param=name)
-    if integer:
-        if isinstance(value, float) and not value.is_integer():
-            raise ApiError(400, f"{name} must be a whole number (got {value})", param=name)
-        return int(value)
-    return float(value)
-
-
 def _draft_tokens(value: Any) -> int | None:
     """-k's one parser, for JSON's values: a number or "auto" (not a number written as a string)."""
     if value == "auto" or isinstance(value, int) and not isinstance(value, bool):
@@ -232,50 +199,12 @@ def _draft_tokens(value: Any) -> int | None:
     raise ApiError(400, f'draft_tokens must be a whole number or "auto" (got {value!r})', param="draft_tokens")
 
 
-def _messages(value: Any) -> list[tuple[str, str]]:
-    if not isinstance(value, list) or not value:
-        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", param="messages")
-    out = []
-    for i, m in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise ApiError(400, f"{where} must be an object (got {_json_type(m)})", param=where)
-        role = m.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)} (got {role!r})", param=where)
-        out.append((ROLES[role], _content(m.get("content"), f"{where}.content")))
-    return out
-
-
-def _text(value: str, where: str) -> str:
-    """JSON may spell a lone UTF-16 surrogate (\\udc80), which is no text: the tokenizer could not take it."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(400, f"{where} is not valid Unicode text (a lone surrogate)", param=where) from None
-    return value
-
-
-def _content(value: Any, where: str) -> str:
-    """A string, or a list of text parts (how newer clients send it); anything else is refused."""
-    if isinstance(value, str):
-        return _text(value, where)
-    if isinstance(value, list):
-        parts = []
-        for part in value:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ApiError(400, f"{where}: only text parts are supported", param=where)
-            parts.append(part["text"])
-        return _text("".join(parts), where)
-    raise ApiError(400, f"{where} must be a string or a list of text parts (got {_json_type(value)})", param=where)
-
-
 def _prompt(value: Any) -> str:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if not isinstance(value, str):
-        raise ApiError(400, f"prompt must be a string (got {_json_type(value)})", param="prompt")
-    return _text(value, "prompt")
+        raise ApiError(400, f"prompt must be a string (got {json_type(value)})", param="prompt")
+    return text(value, "prompt")
 
 
 def _stop(value: Any) -> list[str]:
@@ -284,20 +213,7 @@ def _stop(value: Any) -> list[str]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
         raise ApiError(400, f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
-    return [_text(stop, "stop") for stop in stops]
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        str: "a string",
-        list: "an array",
-        dict: "an object",
-    }.get(type(value), type(value).__name__)
+    return [text(stop, "stop") for stop in stops]
 
 
 class StopText:
@@ -308,14 +224,15 @@ class StopText:
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.text = ""  # not yet released
-        self.hit = False
+        self.hit: str | None = None  # the stop sequence that ended the text
 
     def push(self, piece: str) -> str:
         """What may be released now."""
         self.text += piece
-        cut = min((i for i in (self.text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            out, self.text, self.hit = self.text[:cut], "", True
+        found = [(i, s) for i, s in ((self.text.find(s), s) for s in self.stops) if i >= 0]
+        if found:
+            cut, self.hit = min(found, key=lambda f: f[0])
+            out, self.text = self.text[:cut], ""
             return out
         keep = len(self.text) - self.hold
         if keep <= 0:
@@ -328,45 +245,101 @@ class StopText:
         return out
 
 
-def finish_reason(stop_reason: str | None, hit_stop: bool) -> str:
+def finish_reason(stop_reason: str | None, hit_stop: str | None) -> str:
     """OpenAI's: "stop" (end of turn, a stop sequence) or "length" (max_tokens or the context)."""
     return "stop" if hit_stop or stop_reason == "eos" else "length"
+
+
+def error(e: ApiError) -> dict:
+    return e.body()
+
+
+def response(req: Request, rid: str, model: str, text: str, finished) -> dict:
+    return completion(req, rid, model, text, finished)
+
+
+def stream(req: Request, rid: str, model: str, items) -> Iterator[tuple[str | None, dict | str]]:
+    """The chunks of a streamed answer (server-sent events with no name), then "[DONE]". Chat: the first
+    carries the role; the last, finish_reason (and, here, usage and the speculative statistics). A stream
+    cut by an error (the server stopping) ends with the error object, then "[DONE]"."""
+    yield None, chunk(req, rid, model, "", first=True)
+    finished = None
+    try:
+        for item in items:
+            if isinstance(item, str):
+                yield None, chunk(req, rid, model, item)
+            elif hasattr(item, "stats"):
+                finished = item
+            else:
+                yield None, chunk(req, rid, model, None, call=item)
+    except ApiError as e:
+        yield None, e.body()
+        yield None, "[DONE]"
+        return
+    except Exception as e:  # a bug, after the headers
+        ui.error(f"{req.kind} stream: unexpected {type(e).__name__}: {e}")
+        yield None, ApiError(500, f"internal error: {type(e).__name__}").body()
+        yield None, "[DONE]"
+        return
+    if finished is None:  # the client left
+        return
+    usage_ = usage(finished.stats, finished.cached, req.prediction is not None)
+    extra = {"usage": usage_, "speculative": finished.stats.as_dict()}
+    yield None, chunk(req, rid, model, None, finished.reason, extra=extra)
+    if req.include_usage:  # OpenAI's own shape for it: a last chunk with no choices
+        yield None, {**chunk(req, rid, model, None), "choices": [], "usage": usage_}
+    yield None, "[DONE]"
 
 
 def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
 
 
-def usage(stats: Stats, cached: int) -> dict:
-    return {
+def usage(stats: Stats, cached: int, predicted: bool = False) -> dict:
+    """OpenAI's usage; with a prediction, how much of it the answer kept (its drafted tokens the target
+    accepted) and did not, as completion_tokens_details."""
+    out = {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
         "prompt_tokens_cached": cached,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
-
-
-def completion(req: Request, rid: str, model: str, text: str, reason: str, stats: Stats, cached: int) -> dict:
-    """The whole response of a request that did not stream."""
-    if req.kind == "chat":
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": reason,
+    if predicted:
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": stats.prediction_accepted,
+            "rejected_prediction_tokens": stats.prediction_rejected,
         }
+    return out
+
+
+def completion(req: Request, rid: str, model: str, text: str, finished) -> dict:
+    """The whole response of a request that did not stream (`finished`: service.Finished)."""
+    if req.kind == "chat":
+        message: dict = {"role": "assistant", "content": text or (None if finished.calls else "")}
+        if finished.calls:
+            message["tool_calls"] = [chat.call_json(c) for c in finished.calls]
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finished.reason}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finished.reason}
     return {
         "id": rid,
         "object": "chat.completion" if req.kind == "chat" else "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": usage(stats, cached),
-        "speculative": stats.as_dict(),
+        "usage": usage(finished.stats, finished.cached, req.prediction is not None),
+        "speculative": finished.stats.as_dict(),
     }
+
+
+def call_delta(piece) -> dict:
+    """A tool call's part in a chat chunk's delta (`piece`: chat.calls.Piece): its id and name once, then
+    fragments of its arguments that join to function.arguments."""
+    if piece.kind == "call":
+        c = piece.call
+        return {"index": piece.index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+    return {"index": piece.index, "function": {"arguments": piece.text}}
 
 
 def chunk(
@@ -378,6 +351,7 @@ def chunk(
     *,
     first: bool = False,
     extra: dict | None = None,
+    call=None,
 ) -> dict:
     """One server-sent event of a stream. Chat: the first carries the role; the last, finish_reason
     (and, here, usage and the speculative statistics)."""
@@ -385,6 +359,8 @@ def chunk(
         delta: dict = {"role": "assistant"} if first else {}
         if text:
             delta["content"] = text
+        if call is not None:
+            delta["tool_calls"] = [call_delta(call)]
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}

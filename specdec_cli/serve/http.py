@@ -20,16 +20,24 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .. import __version__, ui
-from . import api
+from . import api, messages, responses
 from .service import Finished, Service, whole
 
 MAX_BODY = 8 * 2**20  # bytes; a prompt that fits any context we allow is far smaller
 IDLE_SECONDS = 30.0  # a connection that sends nothing for this long is closed (and a slow sender's read fails)
 ROUTES = {
     **{("POST", path): kind for path, kind in api.ENDPOINTS.items()},
+    ("POST", "/v1/responses"): "responses",
+    ("POST", "/v1/messages"): "messages",
+    ("POST", "/v1/messages/count_tokens"): "count_tokens",
     ("GET", "/v1/models"): "models",
     ("GET", "/health"): "health",
+    ("GET", "/"): "health",  # clients check that the server answers (Claude Code sends HEAD /)
 }
+
+
+# Each API's request, response, stream and error shapes (the same functions in each module).
+DIALECTS = {"chat": api, "completion": api, "responses": responses, "messages": messages, "count_tokens": messages}
 
 
 class Server(ThreadingHTTPServer):
@@ -97,8 +105,10 @@ class Handler(BaseHTTPRequestHandler):
         method, t0 = self.command, time.perf_counter()
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         self._body_read = False
+        self._dialect = api
         try:
-            route = ROUTES.get((method, path))
+            route = ROUTES.get(("GET" if method == "HEAD" else method, path))  # HEAD: GET without its body
+            self._dialect = DIALECTS.get(route, api)
             if route is None:
                 if any(p == path for _, p in ROUTES):
                     raise api.ApiError(405, f"{method} is not allowed on {path}")
@@ -133,6 +143,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         given = self.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
+        if not given and self.headers.get("x-api-key") is not None:  # Anthropic's clients send their key so
+            scheme, token = "bearer", self.headers.get("x-api-key", "")
         # compare_digest: the time taken does not tell how much of a guessed key was right
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
             raise api.ApiError(401, "a valid API key is required: Authorization: Bearer KEY", code="invalid_api_key")
@@ -159,9 +171,13 @@ class Handler(BaseHTTPRequestHandler):
         return {"id": self.server.service.model, "object": "model", "created": 0, "owned_by": "specdec"}
 
     def _generate(self, kind: str, body: object, t0: float) -> None:
-        service = self.server.service
-        req = api.parse(kind, body)  # any `model` is answered by the loaded pair (as llama-server does)
+        service, dialect = self.server.service, DIALECTS[kind]
+        req = dialect.parse(kind, body)  # any `model` is answered by the loaded pair (as llama-server does)
         tokens = service.tokens(req)
+        req.prompt_tokens = len(tokens)
+        if kind == "count_tokens":
+            self._send_json(200, {"input_tokens": len(tokens)})
+            return
         pieces = service.run(req, tokens, self._gone)
         try:
             # The first piece before any header: a refusal (queue full, bad settings) is still an HTTP status.
@@ -169,64 +185,47 @@ class Handler(BaseHTTPRequestHandler):
             if first is None:  # the client left while it waited
                 self.close_connection = True
                 return
-            rid, model = api.new_id(kind), service.model
+            rid, model = dialect.new_id(kind), service.model
             if req.stream:
-                self._stream(req, rid, model, first, pieces)
+                self._stream(dialect, req, rid, model, itertools.chain([first], pieces))
                 return
             text, finished = whole(itertools.chain([first], pieces))
             if finished is None:  # the client left
                 self.close_connection = True
                 return
-            self._send_json(
-                200, api.completion(req, rid, model, text, finished.reason, finished.stats, finished.cached)
-            )
+            self._send_json(200, dialect.response(req, rid, model, text, finished))
             self._log(req, finished, time.perf_counter() - t0)
         finally:
             pieces.close()  # the generation's own finally: caches rolled back, the gate let go
 
-    def _stream(self, req: api.Request, rid: str, model: str, first, pieces) -> None:
+    def _stream(self, dialect, req: api.Request, rid: str, model: str, items) -> None:
+        """Server-sent events, as the dialect writes them (each ends a stream cut by an error its own way)."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        self._event(api.chunk(req, rid, model, "", first=True))
-        t0, finished, error = time.perf_counter(), None, None
-        try:
-            for item in itertools.chain([first], pieces):
+        t0, seen = time.perf_counter(), []
+
+        def watched():
+            for item in items:
                 if isinstance(item, Finished):
-                    finished = item
-                else:
-                    self._event(api.chunk(req, rid, model, item))
-        except api.ApiError as e:  # the server stopping
-            error = e
-        except OSError:  # the client's side (a closed or stalled connection): the caller's to handle
-            raise
-        except Exception as e:  # a bug, after the headers
-            ui.error(f"{req.kind} stream: unexpected {type(e).__name__}: {e}")
-            error = api.ApiError(500, f"internal error: {type(e).__name__}")
-        if error is not None:  # headers are out: the stream ends with the error object, then [DONE]
-            self._event(error.body())
-            self._end_stream()
-            return
-        if finished is None:  # the client left
-            self.close_connection = True
-            return
-        usage = api.usage(finished.stats, finished.cached)
-        extra = {"usage": usage, "speculative": finished.stats.as_dict()}
-        self._event(api.chunk(req, rid, model, None, finished.reason, extra=extra))
-        if req.include_usage:  # OpenAI's own shape for it: a last chunk with no choices
-            self._event({**api.chunk(req, rid, model, None), "choices": [], "usage": usage})
-        self._end_stream()
-        self._log(req, finished, time.perf_counter() - t0)
+                    seen.append(item)
+                yield item
 
-    def _event(self, obj: dict) -> None:
-        self._chunk(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
-
-    def _end_stream(self) -> None:
-        self._chunk(b"data: [DONE]\n\n")
+        for name, data in dialect.stream(req, rid, model, watched()):
+            self._event(name, data)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+        if not seen:  # the client left, or the stream ended in an error
+            self.close_connection = True
+            return
+        self._log(req, seen[0], time.perf_counter() - t0)
+
+    def _event(self, name: str | None, data: dict | str) -> None:
+        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+        head = b"event: " + name.encode() + b"\n" if name else b""
+        self._chunk(head + b"data: " + text.encode() + b"\n\n")
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -271,7 +270,7 @@ class Handler(BaseHTTPRequestHandler):
         if e.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
         try:
-            self._send_json(e.status, e.body(), headers)
+            self._send_json(e.status, self._dialect.error(e), headers)
         except OSError:
             self.close_connection = True
         if self.server.debug or e.status >= 500:

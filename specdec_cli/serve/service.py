@@ -7,10 +7,13 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from .. import ui
+from .. import chat, ui
+from ..backend import grammar
+from ..backend.schema import schema_to_gbnf
+from ..chat import calls
 from ..engine.events import Round, Stopped, Token
 from ..engine.stats import Fold, Stats
 from ..errors import SpecdecError, UsageError
@@ -31,15 +34,18 @@ class Finished:
     stats: Stats
     cached: int
     reason: str
+    calls: list[chat.ToolCall] = field(default_factory=list)  # the tool calls the answer made (its text: none of them)
+    stop_sequence: str | None = None  # the stop sequence that ended the text
 
 
-def whole(items: Iterable[str | Finished]) -> tuple[str, Finished | None]:
-    """A generation's text pieces joined, and its end (None: it stopped first, its client gone)."""
+def whole(items: Iterable[str | calls.Piece | Finished]) -> tuple[str, Finished | None]:
+    """A generation's text pieces joined, and its end (None: it stopped first, its client gone); its tool
+    calls are the end's."""
     text, finished = [], None
     for item in items:
         if isinstance(item, Finished):
             finished = item
-        else:
+        elif isinstance(item, str):
             text.append(item)
     return "".join(text), finished
 
@@ -124,9 +130,9 @@ class Service:
                 if not s.uses_chat:
                     raise ApiError(400, f"{s.target.name} has no chat template: use /v1/completions")
                 messages = req.messages
-                if s.cfg.system and not any(role == "system" for role, _ in messages):
-                    messages = [("system", s.cfg.system)] + messages
-                return s.prompt_tokens(messages=messages)
+                if s.cfg.system and not any(m.role == "system" for m in messages):
+                    messages = [chat.Message("system", s.cfg.system), *messages]
+                return s.prompt_tokens(messages=messages, tools=req.tools)
             return s.prompt_tokens(req.prompt, chat=req.template)
         except UsageError as e:
             raise ApiError(
@@ -154,7 +160,27 @@ class Service:
             raise ApiError(400, f"{api_name(e.key)} {e.rule}", param=api_name(e.key)) from None
         except UsageError as e:
             raise ApiError(400, e.message) from None
-        return req.settings
+        return {**req.settings, **self._tool_grammar(req)}
+
+    def call_format(self, req: Request) -> calls.Format | None:
+        """How the model writes its tool calls (None: this request's answer is text)."""
+        if req.tools is None or req.tools.choice == "none":
+            return None
+        return calls.format_of(self.session.target.chat_template())
+
+    def _tool_grammar(self, req: Request) -> dict:
+        """The calls' grammar (each tool's arguments by its schema), lazy with tool_choice "auto"."""
+        fmt = self.call_format(req)
+        if fmt is None:
+            return {}
+        try:
+            c = calls.constraint(req.tools, fmt, schema_to_gbnf)
+            grammar.check(c.gbnf, schema=True)
+        except UsageError as e:
+            raise ApiError(
+                400, "tools: " + e.message.removeprefix("--json-schema").lstrip(": "), param="tools"
+            ) from None
+        return {"gbnf": c.gbnf, "trigger": c.trigger}
 
     def run(self, req: Request, tokens: list[int], gone: Callable[[], bool]) -> Iterator[str | Finished]:
         """Text pieces as they are generated, then Finished (on the caller's thread: an HTTP
@@ -181,7 +207,7 @@ class Service:
         """The whole response `run` would give, generated on the calling thread, with no queue (a batch)."""
         tokens, changes = self.tokens(req), self.overrides(req)
         text, finished = whole(self._generate(req, tokens, changes, lambda: False))
-        return completion(req, new_id(req.kind), self.model, text, finished.reason, finished.stats, finished.cached)
+        return completion(req, new_id(req.kind), self.model, text, finished)
 
     def work(self, stop: threading.Event) -> None:
         """Run the generations, one at a time, on the calling thread until `stop` (the main thread:
@@ -195,6 +221,8 @@ class Service:
                 except queue.Empty:
                     continue
                 job.execute()
+                if self._jobs.empty():  # its answer is out and nobody waits: keep its prompt on disk now
+                    self._keep_prompt()
         finally:
             # Close the gate before the cut generation's connection lets go of it (or a waiter would get
             # its turn and hand over a job that nobody runs), then refuse whatever was handed over.
@@ -208,6 +236,19 @@ class Service:
                         break
                     job.refuse(shutting_down())
 
+    def _keep_prompt(self) -> None:
+        """The last prompt's blocks to the prefix cache (serve/prefixes.py), on this thread: llama.cpp's."""
+        s, store = self.session, self.session.prefixes
+        if store is None or store.pending is None:
+            return
+        tokens, store.pending = store.pending, None
+        seq = s.kept.held(s.target_ctx)  # what the target's cache holds of it (None: emptied since)
+        try:
+            if seq is not None:
+                store.save(seq, tokens)
+        except Exception as e:  # a bug in a cache must not take the server down: the next request runs
+            ui.warning(f"could not keep the prompt in the prefix cache: {e!r}")
+
     def _submit(self, job: Job) -> None:
         with self._submitting:
             if self._closed:
@@ -217,22 +258,28 @@ class Service:
 
     def _generate(self, req: Request, tokens: list[int], changes: dict, stop: Callable[[], bool]):
         events = self.session.generate(
-            tokens, instruction=req.instruction, reuse=req.cache_prompt is not False, **changes
+            tokens,
+            instruction=req.instruction,
+            reuse=req.cache_prompt is not False,
+            prediction=req.prediction,
+            **changes,
         )
         fold, cut = Fold(), StopText(req.stop)
+        fmt = self.call_format(req)
+        reader = calls.Reader(fmt) if fmt is not None else None
         try:
             for event in events:
                 fold.add(event)
                 if isinstance(event, Token):
                     piece = cut.push(event.text)
                     if piece:
-                        yield piece
+                        yield from _read(reader, piece)
                     if cut.hit:
                         break
                 elif isinstance(event, Stopped):
                     piece = cut.push(event.tail) + ("" if cut.hit else cut.flush())
                     if piece:
-                        yield piece
+                        yield from _read(reader, piece)
                 elif isinstance(event, Round):  # once a verification, not a token: a select costs a syscall
                     if self.gate.closing:
                         raise shutting_down(": generation stopped")
@@ -244,7 +291,22 @@ class Service:
             events.close()  # the engine's rollback, when it stopped early
         if fold.stats.stop_reason in ("eos", "max_tokens") and not cut.hit:
             self.session.remember(fold.tokens)
-        yield Finished(fold.stats, fold.cached, finish_reason(fold.stats.stop_reason, cut.hit))
+        made: list[chat.ToolCall] = []
+        if reader is not None:
+            last, _, made = reader.end()
+            yield from (p.text if p.kind == "text" else p for p in last)
+        reason = finish_reason(fold.stats.stop_reason, cut.hit)
+        reason = "tool_calls" if made and reason != "length" else reason
+        yield Finished(fold.stats, fold.cached, reason, made, cut.hit)
+
+
+def _read(reader: calls.Reader | None, text: str) -> Iterator[str | calls.Piece]:
+    """A piece of the answer's text: as it is, or through the tool calls' reader (text as str, calls as Piece)."""
+    if reader is None:
+        yield text
+        return
+    for p in reader.push(text):
+        yield p.text if p.kind == "text" else p
 
 
 _END = object()

@@ -117,9 +117,21 @@ def stat_rows(stats: Stats) -> list[tuple[str, str]]:
                 f"draft {stats.draft_seconds:.2f} s, verify {stats.verify_seconds:.2f} s, other {other:.2f} s",
             ),
         ]
+        + _prediction_rows(stats)
         + _tree_rows(stats)
         + _drafter_rows(stats)
     )
+
+
+def prediction_row(accepted: int, rejected: int) -> tuple[str, str]:
+    """What came of a predicted answer's draft tokens (OpenAI's accepted and rejected prediction tokens)."""
+    return ("prediction", f"{accepted:,} of its draft tokens accepted, {rejected:,} rejected")
+
+
+def _prediction_rows(stats: Stats) -> list[tuple[str, str]]:
+    """A run given a predicted answer (--prediction): what came of it, drafted from or not."""
+    given = stats.prediction_tokens is not None
+    return [prediction_row(stats.prediction_accepted, stats.prediction_rejected)] if given else []
 
 
 def _tree_rows(stats: Stats) -> list[tuple[str, str]]:

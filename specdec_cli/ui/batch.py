@@ -8,7 +8,7 @@ import time
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..drafting import round_label
-from . import _err, panel
+from . import _err, panel, prediction_row
 
 
 class BatchView:
@@ -85,6 +85,8 @@ def batch_summary(tally, speedup: float | None, output: str, title: str) -> None
         rows.append(
             ("drafters", f"{shares} of {rounds:,} rounds; accepted {tally.accepted:,} of {tally.drafted:,} drafted")
         )
+    if tally.predicted:
+        rows.append(prediction_row(tally.prediction_accepted, tally.prediction_rejected))
     for line, error in tally.failed[:5]:
         rows.append((f"  line {line.number}", f"{line.custom_id}: {error.status} {error.message}"))
     if len(tally.failed) > 5:

@@ -1,0 +1,72 @@
+"""A conversation as the chat template reads it, whichever API it came through (OpenAI's chat completions and
+Responses, Anthropic's Messages, a batch line, `generate`'s prompt): messages, the tool calls an assistant
+made, the results that came back, and the tools on offer."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # the arguments as JSON text (OpenAI's function.arguments), as the model wrote them
+
+    def for_template(self) -> dict:
+        """OpenAI's shape, with the arguments as an object where they are one: templates write them with
+        `| tojson` (Qwen's, Llama's) and a string there would be written as a quoted string."""
+        try:
+            args: Any = json.loads(self.arguments)
+        except ValueError:
+            args = self.arguments
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": args}}
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # system | user | assistant | tool
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None  # a tool result's call
+    name: str | None = None  # a tool result's function
+
+    @property
+    def plain(self) -> bool:
+        """A text turn any template (and llama.cpp's built-in renderer) can write."""
+        return not self.tool_calls and self.role != "tool"
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str = ""
+    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def for_template(self) -> dict:
+        """OpenAI's declaration, as Hugging Face's chat templates expect `tools` (what they render)."""
+        function: dict = {"name": self.name}
+        if self.description:
+            function["description"] = self.description
+        function["parameters"] = self.parameters
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The tools of a request and what the model may do with them: `choice` is "auto" (write text or call),
+    "required" (call one or more), a function's name (call that one), or "none" (answer in text: the tools
+    are not shown to the model, so that it does not write a call that would come back as text)."""
+
+    tools: tuple[Tool, ...]
+    choice: str = "auto"
+    parallel: bool = True  # several calls in one answer
+
+    def named(self, name: str) -> Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+
+def plain(pairs: list[tuple[str, str]]) -> list[Message]:
+    return [Message(role, content) for role, content in pairs]
