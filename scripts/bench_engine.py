@@ -81,7 +81,7 @@ def peers(args, cfg: RunConfig) -> None:
     with open_session(cfg) as session, tempfile.TemporaryDirectory() as tmp:
         files, encoded = [], []
         for i, p in enumerate(prompts):
-            text = session.target.apply_chat_template([("user", p["prompt"])])
+            text = session.target.builtin_chat([("user", p["prompt"])])
             files.append(Path(tmp) / f"{i}.txt")
             files[-1].write_text(text)
             encoded.append(session.target.tokenize(text, special=True))
@@ -148,7 +148,7 @@ def main() -> None:
         threads=args.t, ctx_size=args.c,
     )  # fmt: skip
     with open_session(cfg) as session, tempfile.NamedTemporaryFile("w", suffix=".txt") as pf:
-        text = session.target.apply_chat_template([("user", args.prompt)])
+        text = session.target.builtin_chat([("user", args.prompt)])
         pf.write(text)
         pf.flush()
         tokens = session.target.tokenize(text, special=True)

@@ -307,7 +307,7 @@ def test_control_token_text_in_a_chat_prompt_stays_text(smollm2):
         # the template's own user and assistant turns, and the end of the user turn: nothing more
         assert tokens.count(im_start) == 2 and tokens.count(im_end) == 1
         # and the user's text is in it as text, token for token
-        text = s.target._tokenize(INJECTION, add_special=False, parse_special=False)
+        text = s.target.tokenize_text(INJECTION, add_special=False, parse_special=False)
         assert any(tokens[i : i + len(text)] == text for i in range(len(tokens)))
     with open_session(RunConfig(target=smollm2, threads=2, chat=False)) as s:
         assert s.prompt_tokens(INJECTION).count(im_start) == 2  # --no-chat: the raw prompt's control tokens are parsed
