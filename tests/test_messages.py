@@ -247,8 +247,9 @@ def test_output_config_format_is_a_grammar_and_its_effort_is_ignored():
         assert e.value.status == 400 and e.value.param == "output_config"
 
 
-def finished(reason: str, stop_reason: str, calls=()) -> Finished:
-    return Finished(Stats(prompt_tokens=7, generated_tokens=3, stop_reason=stop_reason), 2, reason, list(calls))
+def finished(reason: str, stop_reason: str, calls=(), sequence: str | None = None) -> Finished:
+    stats = Stats(prompt_tokens=7, generated_tokens=3, stop_reason=stop_reason)
+    return Finished(stats, 2, reason, list(calls), stop_sequence=sequence)
 
 
 def test_responses_and_stop_reasons_parse_as_the_sdk_models_them():
@@ -258,7 +259,7 @@ def test_responses_and_stop_reasons_parse_as_the_sdk_models_them():
     call = ToolCall("call_ab", "get_weather", '{"city": "Paris", "days": 3}')
     for end, want, sequence in [
         (finished("stop", "eos"), "end_turn", None),
-        (finished("stop", None), "stop_sequence", "END"),
+        (finished("stop", None, sequence="END"), "stop_sequence", "END"),
         (finished("length", "max_tokens"), "max_tokens", None),
         (finished("tool_calls", "eos", [call]), "tool_use", None),
     ]:

@@ -151,6 +151,12 @@ def _messages(value: Any) -> list[Message]:
         # "system" turns mid-conversation: Claude Code (2.1) sends its reminders so, and Anthropic's API takes them
         if role not in ("user", "assistant", "system"):
             raise ApiError(400, f'{where} must be {{"role": "user" | "assistant", "content": ...}}', param=where)
+        if role == "system" and i == 0:
+            raise ApiError(
+                400,
+                f"{where}: the conversation opens with a user turn; the system prompt goes in `system`",
+                param=where,
+            )
         content = m.get("content")
         if isinstance(content, str):
             out.append(Message(role, text(content, f"{where}.content")))
