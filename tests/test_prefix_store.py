@@ -257,7 +257,7 @@ def test_a_cache_that_cannot_be_written_is_one_warning(models, prefix_cache):
 def test_prefix_cache_size_must_be_positive(capsys, size):
     from specdec_cli.cli.main import main
 
-    assert main(["serve", "--target", "x.gguf", "--prefix-cache-size", size], restore_signals=False) == 2
+    assert main(["serve", "--target", "x.gguf", "--prefix-cache-size", size]) == 2  # (in-process: handlers restored)
     assert "--prefix-cache-size must be a positive number of GiB" in capsys.readouterr().err
 
 

@@ -20,7 +20,7 @@ from ..chat import Message, Tools
 from ..engine.stats import Stats
 from ..errors import UsageError
 from . import chat
-from .body import ApiError, decode, json_type, number, text, typed  # noqa: F401 (ApiError, decode: re-exported)
+from .body import COMMENT, STARTED, WAITING, ApiError, decode, json_type, number, text, typed  # noqa: F401 (ApiError, decode: re-exported)
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}  # what generates (serve and batch)
@@ -266,7 +266,11 @@ def stream(req: Request, rid: str, model: str, items) -> Iterator[tuple[str | No
     finished = None
     try:
         for item in items:
-            if isinstance(item, str):
+            if item is WAITING:  # a long prefill: a comment keeps the line alive (OpenRouter's habit)
+                yield COMMENT, "keep-alive"
+            elif item is STARTED:
+                continue
+            elif isinstance(item, str):
                 yield None, chunk(req, rid, model, item)
             elif hasattr(item, "stats"):
                 finished = item

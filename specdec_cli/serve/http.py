@@ -224,6 +224,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _event(self, name: str | None, data: dict | str) -> None:
         text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+        if name == api.COMMENT:  # a line every SSE reader skips
+            self._chunk(b": " + text.encode() + b"\n\n")
+            return
         head = b"event: " + name.encode() + b"\n" if name else b""
         self._chunk(head + b"data: " + text.encode() + b"\n\n")
 

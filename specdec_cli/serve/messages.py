@@ -18,7 +18,7 @@ from ..backend import grammar
 from ..chat import Message, ToolCall, Tools
 from ..errors import UsageError
 from . import api, chat
-from .body import ApiError, json_type, number, text, typed
+from .body import STARTED, WAITING, ApiError, json_type, number, text, typed
 
 MAX_STOPS = 16  # Anthropic allows more than OpenAI's 4; each one is searched for after every token
 SETTINGS = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k"}  # API field -> run option
@@ -42,6 +42,10 @@ FIELDS = {
 }
 ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 ERRORS |= {413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+PING = (
+    "ping",
+    {"type": "ping"},
+)  # Anthropic's keep-alive event (a stream's start, and a long prefill's every few seconds)
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}  # Finished.reason -> stop_reason ("stop": below)
 
 
@@ -326,12 +330,17 @@ def stream(req: api.Request, rid: str, model: str, items) -> Iterator[tuple[str,
         "cache_creation_input_tokens": 0,
     }
     yield "message_start", {"type": "message_start", "message": _message(rid, model, [], (None, None), usage0)}
-    yield "ping", {"type": "ping"}
+    yield PING
     blocks = _Blocks()
     finished = None
     try:
         for item in items:
-            if isinstance(item, str):
+            if item is WAITING:  # a long prefill: Claude Code's SDK skips pings, and its watchdog counts content
+                yield PING
+                yield from blocks.heartbeat()
+            elif item is STARTED:
+                continue
+            elif isinstance(item, str):
                 yield from blocks.text(item)
             elif hasattr(item, "stats"):
                 finished = item
@@ -382,6 +391,15 @@ class _Blocks:
         if self.open != "text":
             yield from self._start({"type": "text", "text": ""})
         yield self._delta({"type": "text_delta", "text": piece})
+
+    def heartbeat(self) -> Iterator[tuple[str, dict]]:
+        """An empty text delta (a text block opened for it where none is): Claude Code gives up on a stream whose
+        content has been still for 300 s (it retries the request), and a long prompt's prefill takes longer. The
+        answer's text follows in the same block; a call that follows gets the next index."""
+        if self.open is None:
+            yield from self._start({"type": "text", "text": ""})
+        if self.open == "text":
+            yield self._delta({"type": "text_delta", "text": ""})
 
     def piece(self, p) -> Iterator[tuple[str, dict]]:
         """A calls.Piece: a call's start, or a fragment of the open call's arguments."""

@@ -18,7 +18,7 @@ from ..backend import grammar
 from ..chat import Message, ToolCall, Tools
 from ..errors import UsageError
 from . import api, chat
-from .body import ApiError, json_type, number, text, typed
+from .body import STARTED, WAITING, ApiError, json_type, number, text, typed
 
 # Request field -> run option. max_output_tokens, temperature and top_p are OpenAI's; the rest are the
 # sampling extras the chat endpoint also takes (llama-server's names).
@@ -322,7 +322,11 @@ def stream(req: api.Request, rid: str, model: str, items) -> Iterator[tuple[str,
     finished = None
     try:
         for item in items:
-            if isinstance(item, str) or getattr(item, "kind", None) == "text":
+            if item is WAITING:  # a long prefill: an event the client counts (Codex's stream times out on silence)
+                yield event("response.in_progress", response=_response(req, rid, model, created, out.items))
+            elif item is STARTED:
+                continue
+            elif isinstance(item, str) or getattr(item, "kind", None) == "text":
                 yield from out.text(item if isinstance(item, str) else item.text)
             elif hasattr(item, "stats"):
                 finished = item

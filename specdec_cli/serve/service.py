@@ -20,7 +20,11 @@ from ..errors import SpecdecError, UsageError
 from ..options import OptionError
 from ..session import PromptTooLong, Session
 from ..signals import INTERRUPTS
+from .body import STARTED, WAITING
 from .api import ApiError, Request, StopText, api_name, completion, finish_reason, new_id
+
+
+KEEP_ALIVE = 5.0  # seconds a stream may go without an event: each dialect answers WAITING (body.py) then
 
 
 def shutting_down(detail: str = "") -> ApiError:
@@ -186,14 +190,23 @@ class Service:
         """Text pieces as they are generated, then Finished (on the caller's thread: an HTTP
         connection's). The generation itself runs on the thread in `work`. Holds the gate throughout;
         stops early, rolling the caches back, when the client is `gone` or the server is closing (then
-        ApiError 503)."""
+        ApiError 503). A stream also gets STARTED when its turn comes, and WAITING every KEEP_ALIVE seconds
+        without a piece (a long prompt's prefill): agents give up on a stream that has been still for 300 s
+        (Claude Code and Codex CLI, which then send the request again), and on this CPU an agent's first prompt
+        takes longer to prefill."""
         changes = self.overrides(req)
         with self.gate.turn():
             job = Job(lambda cancelled: self._generate(req, tokens, changes, lambda: gone() or cancelled()))
             self._submit(job)
             try:
+                if req.stream:
+                    yield STARTED  # a stream's headers go now, before a long prompt's prefill
                 while True:
-                    item = job.out.get()
+                    try:
+                        item = job.out.get(timeout=KEEP_ALIVE if req.stream else None)
+                    except queue.Empty:
+                        yield WAITING
+                        continue
                     if item is _END:
                         return
                     if isinstance(item, BaseException):
