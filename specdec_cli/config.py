@@ -11,13 +11,15 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .backend import grammar
 from .errors import SpecdecError, UsageError
 from .inputs import read_file
 from .outputs import kind_name
-from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR, KNOWN
+from .drafting import DRAFTERS
+from .models import names, pairing
+from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR
 from .options import MAX_PREDICTION, OPTIONS, PAIR_KEYS, OptionError, RunConfig, parse_draft_tokens
 
 if sys.version_info >= (3, 11):
@@ -53,11 +55,17 @@ def config_file(explicit: Path | None) -> Path | None:
     return path
 
 
-def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
-    """(default pair name, pairs) from the file, merged over the built-in pairs; validated."""
+class Loaded(NamedTuple):
+    default: str  # the default pair's name
+    pairs: dict[str, dict[str, Any]]
+    model_dirs: tuple[str, ...] = ()  # folders of GGUF models to list and name (models/stores.py)
+
+
+def load(path: Path | None) -> Loaded:
+    """The file's default pair, its pairs merged over the built-in ones, and its model folders; validated."""
     pairs = {name: dict(values) for name, values in BUILTIN_PAIRS.items()}
     if path is None:
-        return DEFAULT_PAIR, pairs
+        return Loaded(DEFAULT_PAIR, pairs)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
@@ -66,9 +74,14 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
         raise ConfigError(path, "syntax", "values are nested too deeply") from None
     except (OSError, UnicodeDecodeError) as e:
         raise SpecdecError(f"cannot read config {path}: {e}") from None
-    unknown = set(data) - {"default_pair", "pairs"}
+    unknown = set(data) - {"default_pair", "pairs", "model_dirs"}
     if unknown:
-        raise ConfigError(path, sorted(unknown)[0], "unknown top-level key (expected default_pair and [pairs.NAME])")
+        raise ConfigError(
+            path, sorted(unknown)[0], "unknown top-level key (expected default_pair, model_dirs and [pairs.NAME])"
+        )
+    dirs = data.get("model_dirs", [])
+    if not isinstance(dirs, list) or not all(isinstance(d, str) and d.strip() for d in dirs):
+        raise ConfigError(path, "model_dirs", "must be a list of folders (strings)")
     file_pairs = data.get("pairs", {})
     if not isinstance(file_pairs, dict):
         raise ConfigError(path, "pairs", "must be tables: [pairs.NAME]")
@@ -87,7 +100,7 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
                 raise ConfigError(path, where, f'must be a number or "auto", not {value!r}')
             if key in ("target", "draft") and not value.strip():
                 raise ConfigError(path, where, "must be a model name or a path, not empty")
-            if key in ("target", "draft") and not _is_model_name(value):
+            if key in ("target", "draft") and _is_path(value, path.parent):
                 values[key] = os.path.abspath(path.parent / os.path.expanduser(value))  # relative to the file
         if "target" not in values and name not in pairs:
             raise ConfigError(path, f"pairs.{name}", "a new pair needs a target")
@@ -95,7 +108,7 @@ def load(path: Path | None) -> tuple[str, dict[str, dict[str, Any]]]:
     default = data.get("default_pair", DEFAULT_PAIR)
     if not isinstance(default, str) or default not in pairs:
         raise ConfigError(path, "default_pair", f"{default!r} is not a pair (pairs: {', '.join(pairs)})")
-    return default, pairs
+    return Loaded(default, pairs, tuple(os.path.abspath(path.parent / os.path.expanduser(d)) for d in dirs))
 
 
 def resolve(
@@ -104,16 +117,19 @@ def resolve(
     path: Path | None,
     *,
     debug: bool = False,
-    model_file: Callable[[str], Path] = Path,
+    model_file: Callable[..., Path] = names.model_file,
 ) -> RunConfig:
     """The run's configuration: values given on the command line (not None) win over the environment's (an
     option's variable, e.g. $SPECDEC_RPC), which win over the pair's, which win over RunConfig's own (which are
     what a run gets: auto with a draft, -k the drafter's, every core).
 
     A pair is used when named with --pair, or when the command line names no target (the default pair).
-    `model_file` turns a model reference (a known name or a path) into its file. A value that breaks its
-    option's rule is an error naming where it came from: the flag, or the config file's key."""
-    default, pairs = load(path)
+    `model_file(ref, model_dirs, role)` turns a model reference (a path, a catalogue name, a store's name)
+    into its file. A target without a draft (or with `--draft auto`) gets the best local model that can draft
+    for it (models/pairing.py), where the drafter may use one; with none, auto drafts by lookup alone. A
+    value that breaks its option's rule is an error naming where it came from: the flag, or the config
+    file's key."""
+    default, pairs, model_dirs = load(path)
     given = {k: v.value if isinstance(v, Enum) else v for k, v in cli.items() if v is not None}
     given |= {o.key: os.environ[o.env] for o in OPTIONS if o.env and o.key not in given and os.environ.get(o.env)}
     merged, from_file, name = given, {}, None
@@ -128,8 +144,8 @@ def resolve(
         if path is not None:
             from_file = {k: (path, f"pairs.{name}.{k}") for k in pairs[name] if k not in given}
     fields = {k: v for k, v in merged.items() if k in RunConfig.__dataclass_fields__}
-    fields["target"] = model_file(merged["target"])
-    fields["draft"] = model_file(merged["draft"]) if merged.get("draft") else None
+    fields["target"] = model_file(str(merged["target"]), model_dirs, "--target")
+    fields |= _draft(merged, "draft" in given, fields["target"], model_dirs, model_file)
     if "draft_tokens" in fields:
         try:
             fields["draft_tokens"] = parse_draft_tokens(fields["draft_tokens"])
@@ -153,6 +169,22 @@ def _gbnf(cfg: RunConfig) -> str:
     return gbnf
 
 
+def _draft(merged: dict, on_command_line: bool, target: Path, model_dirs: tuple[str, ...], model_file) -> dict:
+    """The draft's fields: the one named (by the command line, else the pair), or the one `--draft auto` (or no
+    draft where the drafter may use one) chooses among the local models, and how it was chosen."""
+    ref, drafter = merged.get("draft"), merged.get("drafter")
+    if ref is not None and str(ref).strip().lower() != "auto":
+        return {
+            "draft": model_file(str(ref), model_dirs, "--draft"),
+            "draft_chosen_by": "option" if on_command_line else "pair",
+        }
+    if drafter in DRAFTERS and not DRAFTERS[drafter].uses_model:
+        return {"draft": None}
+    entry, why = pairing.for_target(target, model_dirs)
+    out = {"draft": entry.path if entry else None, "draft_chosen_by": "auto" if entry else None, "draft_choice": why}
+    return out | ({"drafter": "auto"} if drafter is None else {})  # no draft model: auto drafts by lookup
+
+
 def _parses(value: str) -> bool:
     try:
         parse_draft_tokens(value)
@@ -161,5 +193,8 @@ def _parses(value: str) -> bool:
     return True
 
 
-def _is_model_name(value: str) -> bool:
-    return value in KNOWN
+def _is_path(value: str, folder: Path) -> bool:
+    """Whether a pair's target or draft is a file (relative to the config's folder), not a model's name."""
+    if value.strip().lower() == "auto":
+        return False
+    return names.looks_like_path(value, folder) or (folder / os.path.expanduser(value)).exists()

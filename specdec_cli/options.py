@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,11 +76,16 @@ class RunConfig:
         "--target",
         type=str,
         default=MISSING,
-        help="Target GGUF (a path or a known model name): the model whose output you get.",
+        help="Target GGUF: the model whose output you get. A path, a known model name, or a model's name in "
+        "`specdec models list` (ORG/REPO[:QUANT], an Ollama tag, an LM Studio key).",
         config=(str,),
     )
     draft: Path | None = option(
-        "--draft", type=str, help="Draft GGUF: a small model with the same tokenizer.", config=(str,)
+        "--draft",
+        type=str,
+        help="Draft GGUF (named as --target is): a small model with the same tokenizer; 'auto' (what a --target "
+        "without --draft gets): the best local model that can draft for it (`specdec models pair TARGET`).",
+        config=(str,),
     )
     drafter: str = option(  # unset: drafting.default (auto with a draft, else none)
         "--drafter",
@@ -284,6 +289,10 @@ class RunConfig:
     prediction_text: str | None = None  # the --prediction file's text (config.resolve)
     pair: str | None = None  # the config's pair the settings came from (None: none was used)
     target_name: str | None = None  # the target as it was named (a known model's name, or a path)
+    # How the draft was chosen ("option": --draft, "pair": the config's pair, "auto": models/pairing.py, None:
+    # no draft) and, where chosen, why: said by the run, not part of what it computes.
+    draft_chosen_by: str | None = field(default=None, compare=False)
+    draft_choice: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         """What a run gets where a setting is unset: the drafter from the draft, -k from the drafter, every
@@ -297,6 +306,8 @@ class RunConfig:
         kind = DRAFTERS[self.drafter]
         if not kind.uses_model:
             derive(self, "draft", None)
+        if self.draft is None:
+            derive(self, "draft_chosen_by", None)
         if self.draft_tokens is ...:
             derive(self, "draft_tokens", kind.k)
         if self.threads == 0:
@@ -343,7 +354,7 @@ class RunConfig:
             if o.in_json:
                 v = getattr(self, o.key)
                 out[o.key] = str(v) if isinstance(v, Path) else ("auto" if o.key == "draft_tokens" and v is None else v)
-        return out
+        return out | {"draft_chosen_by": self.draft_chosen_by, "draft_choice": self.draft_choice}
 
 
 OPTIONS: tuple[Option, ...] = tuple(replace(f.metadata["option"], key=f.name) for f in fields(RunConfig) if f.metadata)

@@ -11,8 +11,7 @@ from typing import Iterator
 
 import llama_cpp
 
-from . import chat as chat_
-from . import drafting
+from . import chat as chat_, drafting
 from .backend import cpu, rpc, vocab
 from .backend.context import Context
 from .backend.grammar import Grammar
@@ -70,13 +69,15 @@ class Session:
         # The draft's vocabulary and sizes, read without its weights: whether it pairs, what its cache costs.
         self._draft_file = cfg.draft if cfg.draft and self.speculates else None
         info = stack.enter_context(Model(self._draft_file, vocab_only=True)) if self._draft_file else None
-        if info is not None:
-            why = vocab.incompatibility(self.target, info)
-            if why:
-                raise SpecdecError(
-                    f"draft {info.name} cannot draft for target {self.target.name}: {why}",
-                    hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
-                )
+        why = vocab.incompatibility(self.target, info) if info is not None else None
+        if why and cfg.draft_chosen_by == "auto":  # chosen by its header: llama.cpp's own check has the last word
+            self.warnings.append(f"{info.name}, the draft chosen for {self.target.name}, cannot draft for it: {why}")
+            self._draft_file = info = None
+        elif why:
+            raise SpecdecError(
+                f"draft {info.name} cannot draft for target {self.target.name}: {why}",
+                hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
+            )
         # A draft whose cache cannot slide holds the whole text (drafting/window.py): a recurrent state, or
         # layers with a sliding window of their own.
         self.draft_slides = info is not None and not info.recurrent and not info.sliding_window
@@ -100,10 +101,11 @@ class Session:
             Context(self.target, n_ctx=n_ctx, n_seq=seqs, snapshots=snapshots, **self._ctx)
         )
         self._draft_ctx_args = dict(n_ctx=draft_n_ctx, n_seq=draft_seqs)
-        key = self._curve_key(cfg)
+        about = self._curve_parts(cfg)
+        key = curves.key(about)
         kept = curves.load(key, self.warnings.append) if self.speculates and not cfg.remeasure else None
         draft = self.draft_context if self._draft_file else None
-        self.curve = measure.Curve(self.target_ctx, draft, AUTO_K_MAX + 1, key=key, kept=kept)
+        self.curve = measure.Curve(self.target_ctx, draft, AUTO_K_MAX + 1, key=key, kept=kept, about=about)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
         self.prefixes = None  # a server's long prompts kept on disk (serve/prefixes.py), restored where reused
         # A recurrent draft's state is probed with its weights (memory.rollback): it is loaded now.
@@ -141,22 +143,21 @@ class Session:
             self.curve.draft_load = time.perf_counter() - t0
         return self.draft_ctx
 
-    def _curve_key(self, cfg: RunConfig) -> str:
-        """What the cost curve depends on: this machine, the model files, threads, kernels, placement, build."""
+    def _curve_parts(self, cfg: RunConfig) -> dict:
+        """What the cost curve depends on (its key hashes them): this machine, the model files (the target's
+        first), threads, kernels, placement, build."""
         paths = [cfg.target] + ([self._draft_file] if self._draft_file else [])
         models = [curves.file_identity(path) for path in paths]  # the draft's even where it is not loaded
-        return curves.key(
-            {
-                "host": platform.node(),
-                "cpu": cpu.features(),
-                "models": models,
-                "threads": cfg.threads,
-                "exact": cfg.exact,
-                "where": self.where,
-                "llama_cpp": llama_cpp.__version__,
-                "n_max": AUTO_K_MAX + 1,
-            }
-        )
+        return {
+            "host": platform.node(),
+            "cpu": cpu.features(),
+            "models": models,
+            "threads": cfg.threads,
+            "exact": cfg.exact,
+            "where": self.where,
+            "llama_cpp": llama_cpp.__version__,
+            "n_max": AUTO_K_MAX + 1,
+        }
 
     def _speculation(self, cfg: RunConfig) -> str:
         """The drafter, once the target's cache is known: auto decodes plainly where it cannot roll back."""

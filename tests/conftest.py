@@ -45,6 +45,22 @@ def own_cost_curves(tmp_path, monkeypatch) -> Path:
     return folder
 
 
+STORE_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "LLAMA_CACHE", "OLLAMA_MODELS", "XDG_CACHE_HOME")
+
+
+@pytest.fixture(autouse=True)
+def no_model_stores(tmp_path, monkeypatch) -> Path:
+    """Every test (and the processes it starts) sees none of the user's model stores (Hugging Face, llama.cpp,
+    LM Studio, Ollama, their config): a run without --draft chooses a draft among them, and must not choose
+    the user's. The catalogue's models stay where they are (SPECDEC_HOME is pinned before HOME moves)."""
+    monkeypatch.setenv("SPECDEC_HOME", str(store.home()))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
+    for var in STORE_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path / "home"
+
+
 def gguf(model: KnownModel, tmp_path_factory) -> Path:
     """The model's GGUF: the user's assembled copy if there is one, else assembled into a temp dir."""
     st = store.status(model)

@@ -150,7 +150,8 @@ def test_duplicate_custom_ids_are_refused_before_any_model_loads(tmp_path):
     assert not (tmp_path / "out.jsonl").exists()
     write_lines(requests, [{"custom_id": "line-2", "prompt": "x"}, {"prompt": "y"}])  # a given id and a default one
     assert (
-        "custom_id 'line-2' is used again" in specdec("batch", requests, "-o", tmp_path / "o", "--target", "x").stderr
+        "custom_id 'line-2' is used again"
+        in specdec("batch", requests, "-o", tmp_path / "o", "--target", "x.gguf").stderr
     )
 
 

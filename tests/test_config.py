@@ -10,6 +10,8 @@ import pytest
 from specdec_cli import config
 from specdec_cli.cli import main
 from specdec_cli.errors import SpecdecError
+from specdec_cli.models.catalog import QWEN_DRAFT, QWEN_TARGET
+from specdec_cli.models.store import model_path
 from specdec_cli.options import RunConfig
 
 EXAMPLE = Path(__file__).parent.parent / "models.example.toml"
@@ -29,7 +31,7 @@ def write(tmp_path, text: str, name: str = "c.toml") -> Path:
 
 def test_builtin_default_pair_without_a_file():
     s = config.resolve({"max_tokens": 5}, None, None)
-    assert s.pair == "default" and s.target == Path("qwen2.5-coder-1.5b") and s.draft == Path("qwen2.5-coder-0.5b")
+    assert s.pair == "default" and s.target == model_path(QWEN_TARGET) and s.draft == model_path(QWEN_DRAFT)
     assert s.max_tokens == 5 and s.drafter == "auto" and s.draft_tokens is None  # with a draft: auto, k auto
     assert s.threads >= 1  # what a run gets, not a field default it then changes
 
@@ -37,8 +39,8 @@ def test_builtin_default_pair_without_a_file():
 def test_the_resolved_config_is_what_a_run_gets():
     """One resolution: the drafter follows the draft, -k the drafter, threads 0 every core; RunConfig's own
     construction gives the same values as the command line's."""
-    plain = config.resolve({"target": "t.gguf"}, None, None)
-    assert (plain.drafter, plain.draft, plain.draft_tokens) == ("none", None, 4)
+    plain = config.resolve({"target": "t.gguf"}, None, None)  # no draft here: auto drafts by lookup alone
+    assert (plain.drafter, plain.draft, plain.draft_tokens, plain.draft_chosen_by) == ("auto", None, None, None)
     assert config.resolve({"target": "t.gguf", "draft": "d.gguf"}, None, None) == RunConfig(
         target=Path("t.gguf"), draft=Path("d.gguf"), target_name="t.gguf"
     )
@@ -50,7 +52,8 @@ def test_the_resolved_config_is_what_a_run_gets():
 
 
 def test_example_file_is_valid_and_matches_the_builtins():
-    default, pairs = config.load(EXAMPLE)
+    default, pairs, model_dirs = config.load(EXAMPLE)
+    assert model_dirs == ()
     assert default == "default"
     assert pairs["default"]["target"] == "qwen2.5-coder-1.5b" and pairs["smollm2"]["drafter"] == "none"
 
@@ -60,12 +63,13 @@ def test_command_line_beats_file_beats_builtin(tmp_path):
     s = config.resolve({"draft_tokens": None, "temp": 0.9}, None, f)
     assert s.draft_tokens == 6  # file over built-in 3
     assert s.temp == 0.9  # command line over file
-    assert s.target == Path("qwen2.5-coder-1.5b")  # built-in where neither says
+    assert s.target == model_path(QWEN_TARGET)  # built-in where neither says
 
 
 def test_explicit_target_uses_no_pair_unless_named(tmp_path):
     f = write(tmp_path, 'default_pair = "mine"\n[pairs.mine]\ntarget = "t.gguf"\ndraft_tokens = 7\n')
-    assert config.resolve({"target": "x.gguf"}, None, f) == RunConfig(target=Path("x.gguf"), target_name="x.gguf")
+    want = RunConfig(target=Path("x.gguf"), drafter="auto", target_name="x.gguf")  # (no local draft: lookup)
+    assert config.resolve({"target": "x.gguf"}, None, f) == want
     s = config.resolve({"draft": "d.gguf"}, "mine", f)
     assert s.target == tmp_path / "t.gguf"  # relative to the file
     assert s.draft == Path("d.gguf") and s.drafter == "auto" and s.draft_tokens == 7 and s.pair == "mine"
@@ -123,8 +127,8 @@ def test_pairs_drive_generate(tmp_path, models, capsys):
     assert main(["generate", "hi", "--config", str(f), "-k", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["draft_tokens"] == 2
     assert main(["generate", "hi", "--config", str(f), "--pair", "plain", "-n", "3", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["config"]["drafter"] == "none" and out["stats"]["generated_tokens"] == 3
+    out = json.loads(capsys.readouterr().out)  # a target alone: auto with lookup (no local model can draft)
+    assert (out["config"]["drafter"], out["config"]["draft"], out["stats"]["generated_tokens"]) == ("auto", None, 3)
 
 
 def test_bad_config_through_the_cli_is_one_line(tmp_path, capsys):

@@ -35,7 +35,7 @@ def test_a_second_process_reuses_the_curve_and_remeasure_measures_again(models, 
     assert second["tokens"] == first["tokens"]  # where the costs came from never changes the text
     again, _ = generate(*pair(models), "--remeasure")
     assert again["stats"]["cost_curve"] == "measured"
-    plain, _ = generate("--target", str(models["target"]))
+    plain, _ = generate("--target", str(models["target"]), "--drafter", "none")
     assert plain["stats"]["cost_curve"] is None  # target-only: no curve is measured, read or written
 
 

@@ -22,8 +22,10 @@ from specdec_cli.session import RunConfig, open_session
 
 
 def greedy_ids(capsys, models, *args: str) -> tuple[list[int], str]:
+    """The target's answer; target-only (--drafter none) unless `args` name a drafter."""
+    plain = () if "--drafter" in args else ("--drafter", "none")
     code, out, err = specdec(
-        capsys, "generate", "hello", "--target", str(models["target"]), "-n", "40", "--json", *args
+        capsys, "generate", "hello", "--target", str(models["target"]), "-n", "40", "--json", *plain, *args
     )
     assert code == 0, err
     return json.loads(out)["tokens"], err

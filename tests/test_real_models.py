@@ -92,3 +92,21 @@ def test_default_pair_can_pair(default_pair, capsys):
     assert main(["models", "info", str(target), "--draft", str(draft), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["can_pair"] is True and facts["vocab_size"] == 151936
+
+
+def test_default_pair_from_two_stores_chooses_the_half_b_draft_and_says_so(default_pair, tmp_path, monkeypatch, capsys):
+    """The 1.5B in the Hugging Face cache (as `hf download` lays it out), the 0.5B and SmolLM2 in Ollama's store:
+    a run that names the 1.5B by its repository and no draft drafts with the 0.5B, and says so."""
+    from test_model_stores import hf_repo, ollama
+
+    target, draft = default_pair
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec"))  # no catalogue model: only the stores
+    home = tmp_path / "home"
+    hf_repo(home / ".cache/huggingface/hub", "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", {target.name: target}, link=True)
+    ollama(home / ".ollama/models", "qwen2.5-coder:0.5b", draft, link=True)
+    args = ["generate", "Say hi.", "--target", "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "-n", "4", "--json", "-t", "2"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    config = json.loads(out)["config"]
+    assert config["draft_chosen_by"] == "auto" and config["draft"].endswith(".ollama/models/blobs/sha256-" + "d" * 64)
+    assert "draft: qwen2.5-coder:0.5b (ollama), the only local model that can draft for" in err

@@ -76,9 +76,12 @@ def add_noise(weights: dict[str, np.ndarray], seed: int, rel: float) -> dict[str
     return out
 
 
-def start(path: Path, arch: str, context_length: int, n_layer: int, head_count_kv: int | list[int]) -> GGUFWriter:
-    """A writer with the hyperparameters every fixture shares (its width, heads and feed-forward size)."""
-    w = GGUFWriter(str(path), arch)
+def start(
+    path: Path, arch: str, context_length: int, n_layer: int, head_count_kv: int | list[int], split_max_tensors: int = 0
+) -> GGUFWriter:
+    """A writer with the hyperparameters every fixture shares (its width, heads and feed-forward size);
+    split_max_tensors: written as a split model (NAME-00001-of-0000N.gguf), that many tensors a part."""
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_name(path.stem)
     w.add_context_length(context_length)
     w.add_embedding_length(N_EMBD)
@@ -91,10 +94,13 @@ def start(path: Path, arch: str, context_length: int, n_layer: int, head_count_k
 
 def write_model(
     path: Path, weights: dict[str, np.ndarray], tokens: list[str], chat_template: str | None = None,
-    types: list[TokenType] | None = None, context_length: int = N_CTX_TRAIN,
+    types: list[TokenType] | None = None, context_length: int = N_CTX_TRAIN, n_layer: int = N_LAYER,
+    split_max_tensors: int = 0,
 ) -> Path:  # fmt: skip
-    """context_length: the context it was "trained" for (llama.cpp's n_ctx_train), which bounds -c."""
-    w = start(path, "llama", context_length, N_LAYER, N_HEAD_KV)
+    """context_length: the context it was "trained" for (llama.cpp's n_ctx_train), which bounds -c; n_layer:
+    blk.0 .. blk.n_layer-1 of `weights`; split_max_tensors: see `start`."""
+    w = start(path, "llama", context_length, n_layer, N_HEAD_KV, split_max_tensors)
+    weights = {k: v for k, v in weights.items() if not k.startswith("blk.") or int(k.split(".")[1]) < n_layer}
     w.add_rope_dimension_count(N_EMBD // N_HEAD)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(0)  # all F32

@@ -14,7 +14,7 @@ import mmap
 import os
 import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 
@@ -92,6 +92,7 @@ class Array:
     type: int
     length: int
     items: tuple | None = None
+    at: int = field(default=-1, compare=False)  # a string array's first item, in the file (models/facts.py reads it)
 
 
 @dataclass(frozen=True)
@@ -201,8 +202,10 @@ class _Cursor:
             return Array(etype, n, items)
         if etype == _STRING:
             self.need(n * 8, f"an array of {n:,} strings")
+            at = self.pos
             self._skip_strings(n)
-        elif etype == _ARRAY:
+            return Array(etype, n, at=at)
+        if etype == _ARRAY:
             if depth == MAX_NESTING:
                 raise Malformed(f"{self.where} has arrays nested more than {MAX_NESTING} deep")
             self.need(n * 12, f"an array of {n:,} arrays")

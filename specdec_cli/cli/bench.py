@@ -16,7 +16,7 @@ from ..drafting import DRAFTERS
 from ..bench import plan as bench_plan
 from ..bench import run as bench_run
 from ..bench import suite
-from .common import CONFIG, PAIR, assemble, model_file
+from .common import CONFIG, PAIR, assemble
 
 # --- bench's defaults, one per line (its own: lists to sweep, shorter answers) ----------------------
 BENCH_DRAFT_TOKENS = "2,3,4"  # fixed lengths for model and lookup around llama.cpp's 3; add 8,15 or auto to see more
@@ -72,7 +72,7 @@ def bench(
 ) -> None:
     """Measure what pays on this machine: speed-up, acceptance and the cost model, per configuration."""
     cfg_file = config.config_file(config_path)
-    cfg = config.resolve(given, pair, cfg_file, model_file=model_file)
+    cfg = config.resolve(given, pair, cfg_file)
     plan = bench_plan.plan(
         cfg,
         drafters=drafters,

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Optional
 import typer
 
 from .. import config, ui
-from ..models import store
+from ..models import names, store
 from ..models.catalog import KNOWN, KnownModel
 from ..options import RunConfig
 from ..session import Session, open_session
@@ -19,15 +19,10 @@ PAIR = typer.Option(None, "--pair", help="A named pair from the config (default:
 CONFIG = typer.Option(None, "--config", help="Config file (default: $SPECDEC_CONFIG, else the user config).")
 
 
-def model_file(ref: str) -> Path:
-    """Where a model reference points: a known model's GGUF in the cache (assembled when a session opens:
-    `assemble`), or the path as given."""
-    return store.model_path(KNOWN[ref]) if ref in KNOWN else Path(ref)
-
-
 def model_ready(ref: str) -> Path:
-    """A model reference's file, a known model assembled first (with a progress bar) where it is not yet."""
-    return store.ensure(KNOWN[ref], bar) if ref in KNOWN else Path(ref)
+    """A model reference's file (models/names.py), a known model assembled first (with a progress bar) where it
+    is not yet."""
+    return store.ensure(KNOWN[ref], bar) if ref in KNOWN else names.model_file(ref)
 
 
 def known(path: Path | None) -> KnownModel | None:
@@ -51,7 +46,7 @@ def resolve(
     given: dict[str, Any], pair: Optional[str], config_path: Optional[Path], *, debug: bool = False
 ) -> RunConfig:
     """The command line's options over the environment and the config file: the run's configuration."""
-    return config.resolve(given, pair, config.config_file(config_path), debug=debug, model_file=model_file)
+    return config.resolve(given, pair, config.config_file(config_path), debug=debug)
 
 
 @contextmanager
@@ -60,6 +55,8 @@ def opened(cfg: RunConfig, *, costs: bool = False, **how: Any) -> Iterator[Sessi
     cache read (a damaged file's warning comes with the others), the warnings shown; `costs`: auto's cost
     curve now (a server, a batch), not in the first request."""
     assemble(cfg)
+    if cfg.draft_chosen_by == "auto":
+        ui.note(f"draft: {cfg.draft_choice}; auto drafts with it where that pays")
     with open_session(cfg, **how) as session:
         session.lookup_corpus()
         for message in session.warnings:
@@ -70,8 +67,9 @@ def opened(cfg: RunConfig, *, costs: bool = False, **how: Any) -> Iterator[Sessi
 
 
 def model_names(cfg: RunConfig) -> tuple[str, set[str]]:
-    """The id /v1/models shows (the target as it was named: a known model's name, else the file's stem),
-    and every name a request's `model` may use: that, the file's stem, the pair's name."""
+    """The id /v1/models shows (the target as it was named: a known model's or a store's name, else the file's
+    stem), and every name a request's `model` may use: that, the file's stem, the pair's name."""
     stem = Path(cfg.target).stem
-    primary = cfg.target_name if cfg.target_name in KNOWN else stem
+    named = cfg.target_name and not names.looks_like_path(cfg.target_name) and Path(cfg.target_name) != cfg.target
+    primary = cfg.target_name if named else stem
     return primary, {primary, stem} | ({cfg.pair} if cfg.pair else set())

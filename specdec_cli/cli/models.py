@@ -6,43 +6,122 @@ from typing import Optional
 
 import typer
 
-from .. import ui
+from .. import config, ui
+from ..backend.gguf_file import Malformed
 from ..backend.native import Model
 from ..errors import SpecdecError
-from ..models import info, store
-from .common import bar, model_ready
+from ..models import info, layouts, names, pairing, store, stores
 from ..models.catalog import INSTALL_HINT, KNOWN
+from ..models.facts import Index
+from ..ui import models as ui_models
+from .common import bar, model_ready
 
 app = typer.Typer(help="Known models: list, assemble, verify, locate; describe any GGUF.", no_args_is_help=True)
 
 
-def _rows() -> list[dict]:
+def _rows(found: stores.Scan) -> list[dict]:
+    """The catalogue's models (with their status: not installed, installed, assembled), then every model the
+    stores hold."""
+    mine = {e.path: e for e in found.entries if e.source == "specdec"}
     rows = []
     for model in KNOWN.values():
         st = store.status(model)
+        e = mine.get(st.path)
+        facts = {"arch": e.facts.arch, "params": e.facts.params, "quant": e.facts.quant} if e else {}
         rows.append(
             {
                 "name": model.name,
+                "source": "specdec",
+                "path": str(st.path),
+                "size": model.size,
+                **({"arch": None, "params": None, "quant": None} | facts),
                 "role": model.role,
                 "title": model.title,
-                "size": model.size,
                 "status": st.state,
-                "path": str(st.path),
                 "packages": model.packages,
             }
         )
-    return rows
+    return rows + [_row(e) for e in found.entries if e.source != "specdec"]
+
+
+def _row(e: stores.Entry) -> dict:
+    f = e.facts
+    return {
+        "name": e.name,
+        "source": e.source,
+        "path": str(e.path),
+        "size": e.size,
+        "arch": f.arch,
+        "params": f.params,
+        "quant": f.quant or layouts.quant_tag(e.path) or None,
+        "aliases": list(e.aliases),
+        "parts": e.parts,
+    }
+
+
+def _scan(verbose: bool) -> stores.Scan:
+    found = stores.scan(config.load(config.config_file(None)).model_dirs)
+    if verbose:
+        for why in found.skipped:
+            ui.warning(f"skipped {why}")
+    return found
 
 
 @app.command("list")
-def list_(json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout.")) -> None:
-    """Each known model: role, size, status (not installed / installed / assembled / corrupt), path."""
-    rows = _rows()
+def list_(
+    json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also say which files were skipped, and why."),
+) -> None:
+    """Every model on this machine: the catalogue's and those in the Hugging Face cache, llama.cpp's cache,
+    LM Studio, Ollama and the config's model_dirs (name, source, size, architecture, parameters, quantisation,
+    path). The names work as --target and --draft."""
+    found = _scan(verbose)
+    rows = _rows(found)
     if json_out:
-        ui.print_json({"home": str(store.home()), "models": rows})
+        ui.print_json({"home": str(store.home()), "models": rows, "skipped": found.skipped})
     else:
-        ui.models_table(rows)
+        ui_models.models_table(rows)
         ui.note(f"cache: {store.home()}  (set SPECDEC_HOME to move it)")
+
+
+@app.command()
+def pair(
+    target: str = typer.Argument(..., help="The target: a path or any model name `models list` shows."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also say which files were skipped, and why."),
+) -> None:
+    """The local models that can draft for TARGET, best first (the one `--draft auto` takes first), and why
+    each other one cannot."""
+    found = _scan(verbose)
+    path = names.model_file(target, role="TARGET") if target not in KNOWN else model_ready(target)
+    try:
+        facts = Index().facts(path.resolve(), path.resolve().stat())
+    except FileNotFoundError:
+        raise SpecdecError(f"model file not found: {path}") from None
+    except (OSError, Malformed) as e:
+        raise SpecdecError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    costs = pairing.kept_costs(path)
+    ranked = pairing.options(path, facts, found.entries, costs)
+    rows = [
+        _row(o.entry)
+        | {
+            "can_draft": o.ok,
+            "problem": o.problem,
+            "kin": o.kin or None,
+            "expected_speedup": None if o.speedup is None else round(o.speedup, 3),
+            "draft_tokens": o.draft_tokens if o.ok and costs else None,
+        }
+        for o in ranked
+    ]
+    if json_out:
+        chosen = next((r["name"] for r in rows if r["can_draft"]), None)
+        ui.print_json({"target": str(path), "cost_curve": costs is not None, "chosen": chosen, "drafts": rows})
+        return
+    ui_models.pair_table(target, rows)
+    if not any(r["can_draft"] for r in rows):
+        ui.note("no local model can draft for it: auto drafts by lookup alone")
+    elif costs is None:
+        ui.note("no cost curve is kept for it on this machine yet: ranked by kinship and size (a run measures one)")
 
 
 @app.command()

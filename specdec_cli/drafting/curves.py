@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import stat
 import time
 from pathlib import Path
@@ -78,13 +79,14 @@ def _read(path: Path) -> bytes:
     return data
 
 
-def save(name: str, measured: dict[str, Any]) -> None:
-    """Keep a fresh measurement (Costs' arguments, as measured: before auto refines it). A cache that cannot
-    be written leaves the run as it is: the next one measures again."""
+def save(name: str, measured: dict[str, Any], about: dict[str, Any] | None = None) -> None:
+    """Keep a fresh measurement (Costs' arguments, as measured: before auto refines it); `about`: what it was
+    measured for (the session's key parts: the host, the model files, the target's first), for `kept_for`. A cache that cannot be written leaves
+    the run as it is: the next one measures again."""
     where = folder()
     path = where / f"{name}.json"
     tmp = where / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    data = {"version": VERSION, "key": name, "saved_at": time.time(), **measured}
+    data = {"version": VERSION, "key": name, "saved_at": time.time(), "about": about or {}, **measured}
     data["verify"] = {str(n): s for n, s in measured["verify"].items()}
     try:
         where.mkdir(parents=True, exist_ok=True)
@@ -92,6 +94,29 @@ def save(name: str, measured: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except OSError:
         _remove(tmp)
+
+
+def kept_for(target: dict[str, Any]) -> dict[str, Any] | None:
+    """The newest curve kept for the target file `target` (its file_identity: the first of the models `about`
+    names) on this host, whatever its age, draft or threads: Costs' arguments, or None. (`specdec models pair`
+    ranks drafts by it.)"""
+    best, newest = None, -math.inf
+    try:
+        files = list(folder().glob("*.json"))
+    except OSError:
+        return None
+    for path in files:
+        try:
+            data = json.loads(_read(path).decode("utf-8"))
+            about = data.get("about") or {}
+            if (about.get("models") or [None])[0] != target or about.get("host") != platform.node():
+                continue
+            costs, saved_at = _costs(data, data.get("key"))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+            continue
+        if saved_at > newest:
+            best, newest = costs, saved_at
+    return best
 
 
 def drop(name: str) -> None:

@@ -40,9 +40,11 @@ class Curve:
         n_max: int,
         key: str | None = None,
         kept: dict | None = None,
+        about: dict | None = None,
     ):
-        """kept: what curves.load read under `key` (an earlier process's measurement), or None."""
-        self.target, self.draft, self.n_max, self.key = target, draft, n_max, key
+        """kept: what curves.load read under `key` (an earlier process's measurement), or None; about: what
+        the curve is kept with (curves.save)."""
+        self.target, self.draft, self.n_max, self.key, self.about = target, draft, n_max, key, about
         self.costs: Costs | None = None
         self.measurements = 0
         self.source: str | None = None  # "measured" | "cached" | "given": where the costs came from
@@ -62,7 +64,7 @@ class Curve:
             self.measurements += 1
             self.source = "measured"
             if self.key is not None:
-                curves.save(self.key, self._loaded().kept())
+                curves.save(self.key, self._loaded().kept(), self.about)
         return self._loaded()
 
     def _loaded(self) -> Costs:

@@ -201,22 +201,6 @@ class byte_progress:
         self._progress.stop()
 
 
-def models_table(rows: list[dict]) -> None:
-    table = Table(title="specdec models", title_justify="left")
-    for col in ("name", "role", "size", "status", "file"):
-        table.add_column(col, overflow="fold")
-    colours = {"assembled": "green", "installed": "yellow", "not installed": "dim", "corrupt": "bold red"}
-    for r in rows:
-        table.add_row(
-            r["name"],
-            r["role"],
-            f"{r['size'] / 1e6:,.0f} MB",
-            Text(r["status"], colours[r["status"]]),
-            r["path"].rsplit("/", 1)[-1],
-        )
-    Console(highlight=False).print(table)
-
-
 def key_values(title: str, rows: list[tuple[str, str]]) -> None:
     """A two-column table on stdout (it is the command's data), plain when piped."""
     if live_terminal():
