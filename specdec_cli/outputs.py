@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import SpecdecError, UsageError
@@ -109,3 +110,29 @@ def write_atomic(path: Path, text: str) -> None:
         raise SpecdecError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
         tmp.unlink(missing_ok=True)  # Ctrl-C too: no hidden temporary files left behind
+
+
+def remove_quietly(path: Path) -> None:
+    """Remove a cache file; one already gone (another process evicted it) or not ours is left alone."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def evict_oldest(paths: Iterable[Path], max_bytes: int) -> None:
+    """Remove the least recently written of `paths` until the rest hold at most max_bytes: the rule of
+    both on-disk caches (lookup answers and prefix blocks), whose readers refresh a file's mtime."""
+    files = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:  # removed while we looked
+            continue
+        files.append((st.st_mtime_ns, st.st_size, path))
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files, key=lambda f: f[0]):
+        if total <= max_bytes:
+            break
+        remove_quietly(path)
+        total -= size

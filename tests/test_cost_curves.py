@@ -77,10 +77,13 @@ def test_a_changed_model_file_is_measured_again(models, tmp_path, own_cost_curve
     shutil.copy(models["target"], target)
     args = ("--target", str(target), "--draft", str(models["draft"]))
     assert generate(*args)[0]["stats"]["cost_curve"] == "measured"
+    first = {p.name for p in own_cost_curves.glob("*.json")}
     assert generate(*args)[0]["stats"]["cost_curve"] == "cached"
     shutil.copy(models["same"], target)  # another model under the same name
     assert generate(*args)[0]["stats"]["cost_curve"] == "measured"
-    assert len(list(own_cost_curves.glob("*.json"))) == 2
+    # Kept under another key. (The first curve may be gone: a cached run on a busy machine whose plain decoding
+    # drifted from the kept figure drops it, measure.Curve.check_drift.)
+    assert {p.name for p in own_cost_curves.glob("*.json")} - first
 
 
 def test_a_curve_older_than_a_day_is_not_used(own_cost_curves):

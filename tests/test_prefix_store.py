@@ -107,15 +107,19 @@ def test_a_restarted_server_restores_the_shared_prefix_and_answers_as_a_cold_run
     assert answer == cold(cfg, second)
 
 
-def test_a_restored_run_says_what_a_cold_run_says_on_a_quantized_model_in_exact_mode(smollm2, prefix_cache):
-    """SmolLM2 (Q4_1): batched and lone rows differ in the last bits, unless exact mode's kernels."""
-    cfg = RunConfig(target=smollm2, threads=2, ctx_size=2048, max_tokens=24, exact=True, lookup_cache=False)
-    prompt = text(5000, seed=3) + "\nSummarise the text above in one sentence."
+def assert_restart_answers_alike(cfg: RunConfig, prompt: str) -> None:
+    """A server that restored most of `prompt` from disk answers what a cold server answered."""
     with Server(cfg) as first:
         expected, _ = first.ask(prompt)
     with Server(cfg) as restarted:
         answer, cached = restarted.ask(prompt)
     assert cached >= 2 * BLOCK and answer == expected
+
+
+def test_a_restored_run_says_what_a_cold_run_says_on_a_quantized_model_in_exact_mode(smollm2, prefix_cache):
+    """SmolLM2 (Q4_1): batched and lone rows differ in the last bits, unless exact mode's kernels."""
+    cfg = RunConfig(target=smollm2, threads=2, ctx_size=2048, max_tokens=24, exact=True, lookup_cache=False)
+    assert_restart_answers_alike(cfg, text(5000, seed=3) + "\nSummarise the text above in one sentence.")
 
 
 def test_the_server_in_exact_mode_keeps_no_cells_decoded_without_reuse(models, prefix_cache):
@@ -297,9 +301,4 @@ def test_a_restored_run_of_the_default_pair_says_what_a_cold_run_says_in_exact_m
     """The real pair (Q4_K_M), greedy, exact mode: the restored prompt's cells are the cold prefill's, bit for bit."""
     target, draft = default_pair
     cfg = RunConfig(target=target, draft=draft, threads=2, ctx_size=2048, max_tokens=16, exact=True, lookup_cache=False)
-    prompt = text(5000, seed=4) + "\nSummarise the text above in one sentence."
-    with Server(cfg) as first:
-        expected, _ = first.ask(prompt)
-    with Server(cfg) as restarted:
-        answer, cached = restarted.ask(prompt)
-    assert cached >= 2 * BLOCK and answer == expected
+    assert_restart_answers_alike(cfg, text(5000, seed=4) + "\nSummarise the text above in one sentence.")

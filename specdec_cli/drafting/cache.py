@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..models.store import home
+from ..outputs import evict_oldest, remove_quietly
 
 MAGIC = b"SPDLK1\0\0"
 HEADER = struct.Struct("<8sII")
@@ -76,7 +77,7 @@ def load(vocab_key: str, warn=lambda message: None) -> list[np.ndarray]:
         tokens = decode(data)
         if tokens is None:
             warn(f"lookup cache file {entry.path} is damaged; removed (the cache rebuilds as you run)")
-            _remove(Path(entry.path))
+            remove_quietly(Path(entry.path))
             continue
         answers.append((mtime, tokens))
     answers.sort(key=lambda a: a[0])
@@ -100,7 +101,7 @@ def save(vocab_key: str, tokens: list[int], max_bytes: int = MAX_BYTES) -> Path 
             f.write(data)
         os.replace(tmp, path)  # the same answer again: same name, same bytes, and its age starts over
     except OSError:
-        _remove(tmp)
+        remove_quietly(tmp)
         return None
     evict(max_bytes)
     return path
@@ -108,19 +109,7 @@ def save(vocab_key: str, tokens: list[int], max_bytes: int = MAX_BYTES) -> Path 
 
 def evict(max_bytes: int = MAX_BYTES) -> None:
     """Remove the oldest answers, over every vocabulary, until the cache holds at most max_bytes."""
-    files = []
-    for path in root().glob(f"*/*{SUFFIX}"):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        files.append((st.st_mtime, st.st_size, path))
-    total = sum(size for _, size, _ in files)
-    for _, size, path in sorted(files, key=lambda f: f[0]):
-        if total <= max_bytes:
-            break
-        _remove(path)
-        total -= size
+    evict_oldest(root().glob(f"*/*{SUFFIX}"), max_bytes)
 
 
 def usage() -> tuple[int, int]:
@@ -141,17 +130,10 @@ def clear() -> tuple[int, int]:
     answers, size = usage()
     for pattern in (f"*/*{SUFFIX}", "*/.*.tmp"):
         for path in root().glob(pattern):
-            _remove(path)
+            remove_quietly(path)
     for folder_ in [*root().glob("*/"), root()]:
         try:
             folder_.rmdir()  # only if empty
         except OSError:
             pass
     return answers, size
-
-
-def _remove(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:  # already gone (another process evicted it), or not ours to remove
-        pass

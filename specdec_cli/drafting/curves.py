@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..models.store import home
+from ..outputs import remove_quietly
 
 VERSION = 2  # 2: the draft's prefill and load times
 MAX_AGE = 24 * 3600.0  # seconds: a day (a machine's load, clocks and thermal state change slowly)
@@ -93,7 +94,7 @@ def save(name: str, measured: dict[str, Any], about: dict[str, Any] | None = Non
         tmp.write_text(json.dumps(data), encoding="utf-8")
         os.replace(tmp, path)
     except OSError:
-        _remove(tmp)
+        remove_quietly(tmp)
 
 
 def kept_for(target: dict[str, Any]) -> dict[str, Any] | None:
@@ -120,14 +121,7 @@ def kept_for(target: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def drop(name: str) -> None:
-    _remove(folder() / f"{name}.json")
-
-
-def _remove(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:  # not there, or not ours to remove: nothing to undo
-        pass
+    remove_quietly(folder() / f"{name}.json")
 
 
 def _costs(data: Any, name: str) -> tuple[dict[str, Any], float]:

@@ -8,7 +8,6 @@ are checked by the run options' own rules (options.OPTIONS), named by the API's 
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -18,8 +17,7 @@ from .. import options, ui
 from ..backend import grammar
 from ..chat import Message, Tools
 from ..engine.stats import Stats
-from ..errors import UsageError
-from . import chat
+from . import body, chat
 from .body import COMMENT, STARTED, WAITING, ApiError, decode, json_type, number, text, typed  # noqa: F401 (ApiError, decode: re-exported)
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
@@ -178,12 +176,7 @@ def _response_format(value: Any) -> str | None:
             raise ApiError(
                 400, "response_format.json_schema.schema must be a JSON Schema object", param="response_format"
             )
-        try:
-            return grammar.from_schema(json.dumps(schema))
-        except UsageError as e:
-            raise ApiError(
-                400, f"response_format: {e.message.removeprefix('--json-schema').lstrip(': ')}", param="response_format"
-            ) from None
+        return body.schema_grammar(schema, "response_format")
     raise ApiError(400, 'response_format.type must be "text", "json_object" or "json_schema"', param="response_format")
 
 

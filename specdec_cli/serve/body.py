@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..backend import grammar
+from ..errors import UsageError
+
 # A stream's items (service.Service.run) besides its pieces: its turn has come (the headers go, before a long
 # prompt's prefill), and nothing new for service.KEEP_ALIVE seconds. Each dialect answers WAITING its own way.
 STARTED = object()
@@ -85,3 +88,16 @@ def json_type(value: Any) -> str:
         list: "an array",
         dict: "an object",
     }.get(type(value), type(value).__name__)
+
+
+def schema_refused(e: UsageError, param: str) -> ApiError:
+    """A schema the converter refused, as a 400 that names the request's field (not the CLI's option)."""
+    return ApiError(400, f"{param}: " + e.message.removeprefix("--json-schema").lstrip(": "), param=param)
+
+
+def schema_grammar(schema: dict, param: str) -> str:
+    """A request's JSON schema as GBNF, or a 400 naming `param`."""
+    try:
+        return grammar.from_schema(json.dumps(schema))
+    except UsageError as e:
+        raise schema_refused(e, param) from None

@@ -14,10 +14,8 @@ import secrets
 from typing import Any, Iterator
 
 from .. import ui
-from ..backend import grammar
 from ..chat import Message, ToolCall, Tools
-from ..errors import UsageError
-from . import api, chat
+from . import api, body, chat
 from .body import STARTED, WAITING, ApiError, json_type, number, text, typed
 
 MAX_STOPS = 16  # Anthropic allows more than OpenAI's 4; each one is searched for after every token
@@ -93,11 +91,7 @@ def _output_format(value: Any) -> str | None:
         raise ApiError(
             400, 'output_config.format must be {"type": "json_schema", "schema": {...}}', param="output_config"
         )
-    try:
-        return grammar.from_schema(json.dumps(schema))
-    except UsageError as e:
-        message = e.message.removeprefix("--json-schema").lstrip(": ")
-        raise ApiError(400, f"output_config.format: {message}", param="output_config") from None
+    return body.schema_grammar(schema, "output_config.format")
 
 
 def _max_tokens(value: Any) -> int:

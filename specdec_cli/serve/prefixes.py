@@ -43,6 +43,7 @@ from ..backend import cpu
 from ..drafting import curves
 from ..engine import kv
 from ..models.store import home
+from ..outputs import evict_oldest, remove_quietly
 
 BLOCK = 512  # backend/context.py's n_ubatch: a cold prefill's ubatches start at its multiples
 MIN_PROMPT = 1024  # shorter prompts are not saved: each block is a file (about 14 MiB for the 1.5B target)
@@ -173,7 +174,7 @@ class Store:
                 self.warn(
                     f"ignored a damaged prefix cache file {path} ({e}); prefilling the prompt from token {start:,}"
                 )
-                _remove(path)
+                remove_quietly(path)
                 break
             seq.restored(tokens[: start + BLOCK])
         return len(seq)
@@ -229,7 +230,7 @@ class Store:
                 self._warned_write = True
             return 0
         finally:
-            _remove(tmp)  # (gone already, once renamed)
+            remove_quietly(tmp)  # (gone already, once renamed)
 
     def _names(self) -> dict[str, str]:
         """digest -> file name, of the blocks on disk."""
@@ -280,29 +281,10 @@ def _read(path: Path, max_file: int) -> bytearray:
 def evict(max_bytes: int) -> None:
     """Remove the least recently used blocks, over every model, until the files hold at most max_bytes;
     and the temporary files of writers that crashed."""
-    files = []
-    for path in root().glob(f"*/*{SUFFIX}"):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        files.append((st.st_mtime_ns, st.st_size, path))
-    total = sum(size for _, size, _ in files)
-    for _, size, path in sorted(files, key=lambda f: f[0]):
-        if total <= max_bytes:
-            break
-        _remove(path)
-        total -= size
+    evict_oldest(root().glob(f"*/*{SUFFIX}"), max_bytes)
     for path in root().glob("*/.*.tmp"):
         try:
             if time.time() - path.stat().st_mtime > STALE:
-                _remove(path)
+                remove_quietly(path)
         except OSError:
             continue
-
-
-def _remove(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:  # not ours to remove: nothing to undo
-        pass

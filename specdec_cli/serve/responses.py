@@ -16,8 +16,7 @@ from typing import Any, Iterator
 from .. import options, ui
 from ..backend import grammar
 from ..chat import Message, ToolCall, Tools
-from ..errors import UsageError
-from . import api, chat
+from . import api, body, chat
 from .body import STARTED, WAITING, ApiError, json_type, number, text, typed
 
 # Request field -> run option. max_output_tokens, temperature and top_p are OpenAI's; the rest are the
@@ -117,11 +116,7 @@ def _text(value: Any) -> str | None | EllipsisType:
         raise ApiError(400, 'text.format.type must be "text", "json_object" or "json_schema"', param="text.format")
     if not isinstance(fmt.get("schema"), dict):
         raise ApiError(400, "text.format.schema must be a JSON Schema object", param="text.format")
-    try:
-        return grammar.from_schema(json.dumps(fmt["schema"]))
-    except UsageError as e:
-        problem = e.message.removeprefix("--json-schema").lstrip(": ")
-        raise ApiError(400, f"text.format: {problem}", param="text.format") from None
+    return body.schema_grammar(fmt["schema"], "text.format")
 
 
 def conversation(value: Any, instructions: str | None) -> list[Message]:

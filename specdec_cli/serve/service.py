@@ -20,6 +20,7 @@ from ..errors import SpecdecError, UsageError
 from ..options import OptionError
 from ..session import PromptTooLong, Session
 from ..signals import INTERRUPTS
+from . import body
 from .body import STARTED, WAITING
 from .api import ApiError, Request, StopText, api_name, completion, finish_reason, new_id
 
@@ -181,9 +182,7 @@ class Service:
             c = calls.constraint(req.tools, fmt, schema_to_gbnf)
             grammar.check(c.gbnf, schema=True)
         except UsageError as e:
-            raise ApiError(
-                400, "tools: " + e.message.removeprefix("--json-schema").lstrip(": "), param="tools"
-            ) from None
+            raise body.schema_refused(e, "tools") from None
         return {"gbnf": c.gbnf, "trigger": c.trigger}
 
     def run(self, req: Request, tokens: list[int], gone: Callable[[], bool]) -> Iterator[str | Finished]:
