@@ -91,8 +91,11 @@ def _watchdog(read_fd: int) -> None:
 
 
 def _in_callback(frame) -> bool:
+    """Inside code that would lose an exception raised there: a function C calls back (ctypes prints and drops
+    it), or an import (a compiled module's initialisation may swallow it: a lazy `numpy.random` did, and the
+    server went on serving after SIGTERM)."""
     while frame is not None:
-        if frame.f_code in _CALLBACKS:
+        if frame.f_code in _CALLBACKS or frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
         frame = frame.f_back
     return False

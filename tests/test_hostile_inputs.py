@@ -379,6 +379,29 @@ def test_a_signal_that_lands_in_a_native_callback_is_raised_once_back_in_python(
         restore()
 
 
+def test_a_signal_that_lands_in_an_import_is_raised_once_the_import_is_done(tmp_path, monkeypatch):
+    """A compiled module's initialisation may swallow an exception raised inside it (numpy.random's, imported
+    lazily at a server's first generation, did: the server went on after SIGTERM). Here a module whose body
+    swallows everything stands for it: the SIGTERM must surface after the import, not vanish in it."""
+    from specdec_cli import signals
+
+    (tmp_path / "swallowing.py").write_text(
+        "import signal, time\ntry:\n    signal.raise_signal(signal.SIGTERM)\n    time.sleep(0.2)\n"
+        "except BaseException:\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    restore = signals.install()
+    try:
+        with pytest.raises(signals.Interrupted):
+            import swallowing  # noqa: F401
+
+            time.sleep(5)  # it is sent again once out of the import: this sleep is cut short
+        assert signals.exit_code() == 143
+    finally:
+        restore()
+        sys.modules.pop("swallowing", None)
+
+
 def test_a_signal_while_loading_is_one_line_and_its_exit_code(capsys, models, monkeypatch):
     """Typer turns a KeyboardInterrupt a command did not catch into a silent exit 130, whatever the signal."""
     import specdec_cli.session as session

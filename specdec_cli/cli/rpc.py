@@ -55,9 +55,9 @@ def rpc_server(
     server.start()
     _wait_ready("127.0.0.1" if host == "0.0.0.0" else host, port, server)
     served = "; ".join(rpc.describe(d) for d in devices)
-    ui.note(f"serving {served} on {host}:{port}, {threads} threads, protocol v{rpc.PROTOCOL[0]}.{rpc.PROTOCOL[1]}")
-    ui.note("Ctrl-C stops it")
-    try:
+    try:  # (the notes too: a client may signal as soon as it reads the first)
+        ui.note(f"serving {served} on {host}:{port}, {threads} threads, protocol v{rpc.PROTOCOL[0]}.{rpc.PROTOCOL[1]}")
+        ui.note("Ctrl-C stops it")
         while server.is_alive():
             server.join(0.5)
     except signals.INTERRUPTS:
