@@ -34,6 +34,7 @@ MAX_BRANCHES = 8  # --branches: a tree verify batch holds every branch's nodes, 
 P_SPLIT = 0.1  # fork where the draft's runner-up has >= 10% (llama.cpp's --draft-p-split)
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: more threads crash llama.cpp
 MAX_PREDICTION = 1 << 20  # bytes of --prediction: far more than an answer in any context (32k tokens of ~4 bytes)
+MAX_LOGPROBS = 20  # alternatives per token: OpenAI's top_logprobs limit
 MIN_CTX = 16  # below this not even a prompt and one verify batch fit
 AUTO_K_MAX = 31  # -k auto drafts at most this many: verifying 32 tokens costs ~11x one here, 15 often pays more
 
@@ -191,6 +192,13 @@ class RunConfig:
         config=(int,),
         checks=((lambda v: v >= 0, "must be >= 0 (got {v})"),),
     )
+    logprobs: int | None = option(
+        "--logprobs",
+        type=int,
+        help="Each token's log probability under the target (softmax of its logits, after a grammar's mask) and its "
+        "N most likely alternatives, in --json's tokens (0: the token's alone). The text is the same.",
+        checks=(within(0, MAX_LOGPROBS, f"0..{MAX_LOGPROBS}"),),
+    )
     ctx_size: int | None = option(
         "-c",
         "--ctx-size",
@@ -345,6 +353,7 @@ class RunConfig:
             ordered_cells=self.exact,
             prompt_kernels=prompt_kernels,
             constraint=constraint,
+            logprobs=self.logprobs,
         )
 
     def as_dict(self) -> dict:

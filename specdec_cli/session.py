@@ -20,6 +20,7 @@ from .drafting import cache as lookup_cache
 from .drafting import cost, curves, measure
 from .drafting.corpus import Corpus
 from .engine import kv
+from .chat import fim
 from .engine.events import Event, Prefilled
 from .engine.speculative import generate
 from .errors import SpecdecError, UsageError
@@ -245,6 +246,17 @@ class Session:
             )
         else:
             tokens = self.target.tokenize(prompt, special=True)
+        return self._fits(tokens)
+
+    def infill_tokens(self, prefix: str, suffix: str, extra: list[fim.Extra] = (), prompt: str = "") -> list[int]:
+        """A fill-in-the-middle prompt (the code before and after the cursor, other files), as llama-server lays
+        it out (chat/fim.py); UsageError where the target has no FIM tokens or the prompt does not fit."""
+        try:
+            return self._fits(fim.layout(self.target, prefix, suffix, extra, prompt, self.target_ctx.n_ctx))
+        except fim.NoFim as e:
+            raise UsageError(str(e), hint="use a model trained to fill in the middle (Qwen2.5-Coder, ...)") from None
+
+    def _fits(self, tokens: list[int]) -> list[int]:
         if not tokens:
             raise UsageError("the prompt is empty")
         if len(tokens) >= self.target_ctx.n_ctx:

@@ -3,6 +3,8 @@ and whoever knows the model adds the text (`with_text`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import codecs
 from typing import Callable, Iterator
 
@@ -30,7 +32,7 @@ def with_text(events: Iterator[Event], piece: Callable[[int], bytes]) -> Iterato
     try:
         for event in events:
             if isinstance(event, Token):
-                event = Token(id=event.id, origin=event.origin, text=detok.push(event.id))
+                event = replace(event, text=detok.push(event.id))
             elif isinstance(event, Stopped):
                 event = Stopped(reason=event.reason, tail=detok.flush(), complete=event.complete)
             yield event

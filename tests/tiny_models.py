@@ -95,10 +95,11 @@ def start(
 def write_model(
     path: Path, weights: dict[str, np.ndarray], tokens: list[str], chat_template: str | None = None,
     types: list[TokenType] | None = None, context_length: int = N_CTX_TRAIN, n_layer: int = N_LAYER,
-    split_max_tensors: int = 0,
+    split_max_tensors: int = 0, fim: dict[str, int] | None = None,
 ) -> Path:  # fmt: skip
     """context_length: the context it was "trained" for (llama.cpp's n_ctx_train), which bounds -c; n_layer:
-    blk.0 .. blk.n_layer-1 of `weights`; split_max_tensors: see `start`."""
+    blk.0 .. blk.n_layer-1 of `weights`; split_max_tensors: see `start`; fim: the fill-in-the-middle tokens' ids
+    by llama.cpp's names (pre, suf, mid, rep, sep)."""
     w = start(path, "llama", context_length, n_layer, N_HEAD_KV, split_max_tensors)
     weights = {k: v for k, v in weights.items() if not k.startswith("blk.") or int(k.split(".")[1]) < n_layer}
     w.add_rope_dimension_count(N_EMBD // N_HEAD)
@@ -107,7 +108,26 @@ def write_model(
     _add_byte_tokenizer(w, tokens, types)
     if chat_template:
         w.add_chat_template(chat_template)
+    for name, token in (fim or {}).items():
+        w.add_uint32(f"tokenizer.ggml.fim_{name}_token_id", token)
     return finish(w, weights, path)
+
+
+# Qwen2.5-Coder's fill-in-the-middle tokens, after the byte vocabulary: the FIM fixtures' (write_fim).
+FIM_TOKENS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>"}
+FIM_TOKENS |= {"rep": "<|repo_name|>", "sep": "<|file_sep|>"}
+
+
+def write_fim(path: Path, names: tuple[str, ...] = tuple(FIM_TOKENS), noise: float = 0.0) -> Path:
+    """A model with FIM control tokens (`names` of them, with their GGUF ids) after the 259 byte-vocabulary ones;
+    noise > 0: its weights perturbed so (a draft for the noise=0 one, by add_noise)."""
+    vocab = byte_vocab() + [FIM_TOKENS[n] for n in names]
+    weights = random_weights(seed=4321, n_vocab=len(vocab))
+    if noise:
+        weights = add_noise(weights, seed=99, rel=noise)
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
+    types += [TokenType.CONTROL] * len(names)
+    return write_model(path, weights, vocab, types=types, fim={n: 259 + i for i, n in enumerate(names)})
 
 
 def write_recurrent(path: Path) -> Path:
@@ -329,6 +349,8 @@ def write_extra_vocab_draft(path: Path, weights: dict[str, np.ndarray], seed: in
 def write_fixture_set(folder: Path) -> dict[str, Path]:
     """target, draft (noisy: partial acceptance), same (identical copy: full acceptance),
     other_vocab (incompatible), chat (target weights with a ChatML template), recurrent (Mamba),
+    fim (FIM tokens, the repository's and the file separator too), fim_draft (its noisy draft), fim_plain (FIM
+    tokens, no repository or file separator),
     short_ctx (target weights, trained for 1,024 tokens: -c is bounded by it);
     hostile drafts: nan_draft (every logit NaN), extra_vocab (proposes ids the target lacks);
     hybrids that roll back through recurrent snapshots, each with its own noisy draft and identical
@@ -346,6 +368,9 @@ def write_fixture_set(folder: Path) -> dict[str, Path]:
         "chat": write_model(folder / "chat.gguf", base, vocab, chat_template=CHATML),
         "recurrent": write_recurrent(folder / "recurrent.gguf"),
         "short_ctx": write_model(folder / "short_ctx.gguf", base, vocab, context_length=1024),
+        "fim": write_fim(folder / "fim.gguf"),
+        "fim_draft": write_fim(folder / "fim_draft.gguf", noise=0.02),
+        "fim_plain": write_fim(folder / "fim_plain.gguf", ("pre", "suf", "mid")),
     }
     for arch, weights, write in (("lfm2", lfm2_weights, write_lfm2), ("qwen35", qwen35_weights, write_qwen35)):
         hybrid = weights(seed=1234, n_vocab=len(vocab))

@@ -285,6 +285,16 @@ class Model:
             return ""
         return (L.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", "replace")
 
+    def fim_tokens(self) -> dict[str, int | None]:
+        """The fill-in-the-middle tokens (pre, suf, mid, rep: the repository's name, sep: a file's), None
+        for each the vocabulary lacks: llama.cpp's, read from the GGUF's ids or found by their texts."""
+        get = {"pre": L.llama_vocab_fim_pre, "suf": L.llama_vocab_fim_suf, "mid": L.llama_vocab_fim_mid}
+        get |= {"rep": L.llama_vocab_fim_rep, "sep": L.llama_vocab_fim_sep}
+        return {name: (t if (t := f(self.vocab)) >= 0 else None) for name, f in get.items()}
+
+    def bos(self) -> int:
+        return L.llama_vocab_bos(self.vocab)
+
     def add_bos(self) -> bool:
         return bool(L.llama_vocab_get_add_bos(self.vocab))
 

@@ -21,6 +21,12 @@ def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' or nothing reads standard input."),
     pair: Optional[str] = PAIR,
     config_path: Optional[Path] = CONFIG,
+    suffix: Optional[str] = typer.Option(
+        None,
+        "--suffix",
+        help="Fill in the middle: the text after the gap (TEXT, or @FILE), PROMPT the text before it; in the "
+        "model's FIM tokens, as llama-server's /infill lays them out. Needs a model trained for it (Qwen2.5-Coder).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the live stream."),
     debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; show tracebacks."),
     **given: Any,
@@ -30,13 +36,18 @@ def generate(
         given["system"] = _text(given["system"], "--system")
     cfg = resolve(given, pair, config_path, debug=debug)
     prompt_text = _read_prompt(prompt)
+    suffix_text = _suffix(suffix)
     with opened(cfg, lazy_draft=True) as session:  # the draft model is loaded if and when it drafts
-        tokens = session.prompt_tokens(prompt_text)
+        if suffix_text is None:
+            tokens = session.prompt_tokens(prompt_text)
+        else:
+            tokens = session.infill_tokens(prompt_text, suffix_text)
         live = not json_out and ui.live_terminal()
         stream = None if json_out else ui.TokenStream(live)
         if stream:
             stream.start()
-        result = _consume(session.generate(tokens, instruction=prompt_text), stream)
+        scored: list[Token] = []
+        result = _consume(session.generate(tokens, instruction=prompt_text), stream, scored)
         if result.stats.complete is False and not result.interrupted:
             ui.warning(
                 f"the answer stopped ({result.stats.stop_reason}) before its grammar was complete: it does "
@@ -48,14 +59,14 @@ def generate(
             if stream:
                 stream.end()
             if json_out:
-                ui.print_json(_json(session, result))
+                ui.print_json(_json(session, result, scored))
             else:
                 ui.show_stats(result.stats, _title(session), live)
     if result.interrupted:
         raise typer.Exit(signals.exit_code())
 
 
-def _json(session: Session, result: Result) -> dict:
+def _json(session: Session, result: Result, scored: list[Token]) -> dict:
     config = {
         **session.cfg.as_dict(),
         "ctx_size": session.target_ctx.n_ctx,  # as fitted to the models when -c was not given
@@ -71,7 +82,7 @@ def _json(session: Session, result: Result) -> dict:
         "cost_curve": session.curve.source,
     }
     # valid: a constrained answer (--json-schema, --grammar) that is whole; null when unconstrained
-    return {
+    out = {
         "text": result.text,
         "tokens": result.tokens,
         "stop_reason": result.stats.stop_reason,
@@ -79,6 +90,14 @@ def _json(session: Session, result: Result) -> dict:
         "stats": stats,
         "config": config,
     }
+    if session.cfg.logprobs is not None:  # each token's, and its --logprobs best alternatives
+        text = session.target.piece
+
+        def one(t: int, lp: float) -> dict:
+            return {"id": t, "token": text(t).decode("utf-8", "replace"), "logprob": lp}
+
+        out["logprobs"] = [{**one(t.id, t.logprob), "top": [one(*alt) for alt in t.top]} for t in scored]
+    return out
 
 
 def _title(session: Session) -> str:
@@ -87,11 +106,13 @@ def _title(session: Session) -> str:
     return title + (f" · target on {session.where}" if cfg.rpc else "")
 
 
-def _consume(events, stream: ui.TokenStream | None) -> Result:
-    """Fold the engine's events into statistics, token ids and text, streaming them if asked.
-    Ctrl-C ends it early; the statistics so far stand (the engine rolled its caches back)."""
+def _consume(events, stream: ui.TokenStream | None, tokens: list[Token]) -> Result:
+    """Fold the engine's events into statistics, token ids and text, streaming them if asked, the Token events
+    kept in `tokens`. Ctrl-C ends it early; the statistics so far stand (the engine rolled its caches back)."""
 
     def show(event) -> None:
+        if isinstance(event, Token):
+            tokens.append(event)
         if isinstance(event, Notice):
             ui.warning(event.message)
         elif stream is None:
@@ -115,6 +136,17 @@ def _read_prompt(prompt: str | None) -> str:
     if not text.strip():
         raise UsageError("the prompt read from standard input is empty")
     return text
+
+
+def _suffix(value: str | None) -> str | None:
+    """--suffix TEXT, or @FILE: the file's text (@@TEXT: text that starts with @)."""
+    if value is None:
+        return None
+    if value.startswith("@@"):
+        return _text(value[1:], "--suffix")
+    if value.startswith("@"):
+        return inputs.read_file(value[1:], "--suffix")
+    return _text(value, "--suffix")
 
 
 def _text(value: str, what: str) -> str:

@@ -1,4 +1,4 @@
-"""`specdec serve`: the loaded pair behind OpenAI's chat-completions and completions API."""
+"""`specdec serve`: the loaded pair behind OpenAI's, Anthropic's and llama-server's APIs."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def serve(
     debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; log every request."),
     **given: Any,
 ) -> None:
-    """Serve the pair over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses and /v1/models; Anthropic's /v1/messages; /health."""
+    """Serve the pair over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses and /v1/models;
+    Anthropic's /v1/messages; llama-server's /infill and /completion (editors); /health."""
     if queue < 0:
         raise UsageError(f"--queue must be at least 0 (got {queue})")
     if not (math.isfinite(prefix_cache_size) and prefix_cache_size > 0):

@@ -26,6 +26,10 @@ class Token:
     id: int
     origin: Origin
     text: str = ""  # added by whoever knows the model (text.with_text); "" while a character is incomplete
+    # Where the run asked for them (Settings.logprobs): the target's log probability of this token, from the row
+    # that chose it (raw logits, after the grammar's mask), and its `logprobs` best tokens as (id, logprob).
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

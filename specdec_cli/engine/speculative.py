@@ -42,6 +42,8 @@ class Settings:
     prompt_kernels: bool = True
     # A grammar's state before the first generated token: every token is one it allows (engine/constraint.py).
     constraint: State | None = None
+    # Log probabilities for each emitted token and its N best alternatives (None: not computed).
+    logprobs: int | None = None
 
 
 SURE = 0.9  # Outcome.sure: the target's probability of its own token was at least this
@@ -91,6 +93,11 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             t_verify = time.perf_counter()
             path, token = _accept(rows, draft, sampler, rng, model, len(committed), states)  # 3. accept
             sure = _sure(rows[path[-1] + 1 if path else 0], token, sampler) if draft.wants_confidence else None
+            if settings.logprobs is not None:  # read now: a rollback may decode again into the logits' buffer
+                probs = [  # token i was chosen by the row after i-1 (the first, by the row after the fed token)
+                    log_probs(rows[r], states[r] if states else None, t, settings.logprobs)
+                    for t, r in zip([*(draft.tokens[i] for i in path), token], [0, *(i + 1 for i in path)])
+                ]
             winner = draft.shape.winner(path)
             new = [*(draft.tokens[i] for i in path), token]
             # Nothing after an end-of-generation token is output.
@@ -120,8 +127,9 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if states is not None and end == len(new):  # the grammar's state after the round's tokens
             state = states[path[-1] + 1 if path else 0].after(token)
         origins = [Origin.DRAFT] * len(path) + [_origin(draft, path)]
-        for t, origin in zip(new[:end], origins):
-            yield Token(id=t, origin=origin)
+        for i, (t, origin) in enumerate(zip(new[:end], origins)):
+            lp, top = probs[i] if settings.logprobs is not None else (None, ())
+            yield Token(id=t, origin=origin, logprob=lp, top=top)
         eog = end < len(new)
         emitted = end + eog  # an end-of-generation token counts, though it is not output
         yield _round(draft, outcome, emitted, seconds, rejected=origins[-1] == Origin.CORRECTION, winner=winner)
@@ -196,6 +204,20 @@ def _accept(
             f"target {model.name} produced non-finite logits ({e}) at position {at}",
             hint="its weights are damaged or overflow: check the file (`specdec models verify`), or try another quantisation",
         ) from None
+
+
+def log_probs(row: np.ndarray, state: State | None, token: int, n: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The target's log probability of `token` by one row of its logits (softmax of the raw logits, over the
+    tokens the grammar allows where constrained: what the model thinks, not what the sampler then kept), and the
+    row's n most likely tokens, most likely first, equal ones by id. float64 throughout: the same row gives the
+    same figures whichever drafter produced it."""
+    z = (state.mask(row) if state is not None else row).astype(np.float64)
+    z -= z.max()
+    with np.errstate(divide="ignore"):
+        z -= np.log(np.exp(z).sum())
+    best = np.argpartition(-z, n)[:n] if 0 < n < len(z) else np.arange(len(z) if n > 0 else 0)
+    best = best[np.lexsort((best, -z[best]))]
+    return float(z[token]), tuple((int(t), float(z[t])) for t in best)
 
 
 def _sure(row: np.ndarray, token: int, sampler: Sampler) -> bool:

@@ -8,6 +8,8 @@ are checked by the run options' own rules (options.OPTIONS), named by the API's 
 
 from __future__ import annotations
 
+import itertools
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from ..backend import grammar
 from ..chat import Message, Tools
 from ..engine.stats import Stats
 from . import body, chat
+from .cuts import Probs
 from .body import COMMENT, STARTED, WAITING, ApiError, decode, json_type, number, text, typed  # noqa: F401 (ApiError, decode: re-exported)
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
@@ -38,7 +41,6 @@ UNSUPPORTED = {  # field: the value we can honour (anything else is refused)
     "n": 1,
     "presence_penalty": 0,
     "frequency_penalty": 0,
-    "logprobs": False,
     "echo": False,
     "best_of": 1,
     "modalities": ["text"],
@@ -49,10 +51,8 @@ NOT_DONE = {  # fields whose request would change the answer's form, which we ca
     "functions": "function calls (send tools)",
     "function_call": "function calls",
     "logit_bias": "logit biases",
-    "suffix": "insertion (suffix)",
     "audio": "audio output",
     "web_search_options": "web search",
-    "top_logprobs": "log probabilities",
 }
 # OpenAI's fields that change nothing here (who asks, what the service stores or bills): accepted, ignored.
 IGNORED = {
@@ -68,12 +68,10 @@ IGNORED = {
 }
 # Every field a body may have; any other is refused as OpenAI refuses it (a typo such as `temprature`
 # would otherwise run with the default, unnoticed).
-READ = {"stream", "stream_options", "stop", "exact", "cache_prompt", "response_format", "prediction"}
+READ = {"stream", "stream_options", "stop", "exact", "cache_prompt", "response_format", "prediction", "logprobs"}
 TOOLS = {"tools", "tool_choice", "parallel_tool_calls"}
-FIELDS = {
-    kind: {prompt, *READ, *SETTINGS, *UNSUPPORTED, *NOT_DONE, *IGNORED, *(TOOLS if kind == "chat" else ())}
-    for kind, prompt in (("chat", "messages"), ("completion", "prompt"))
-}
+OWN = {"chat": {"messages", "top_logprobs", *TOOLS}, "completion": {"prompt", "suffix"}}
+FIELDS = {kind: {*own, *READ, *SETTINGS, *UNSUPPORTED, *NOT_DONE, *IGNORED} for kind, own in OWN.items()}
 
 
 @dataclass
@@ -94,6 +92,18 @@ class Request:
     # not said; serve does, a batch does not: its answers do not then depend on the request before them)
     template: bool | None = False  # a completion's prompt as it is; None: as `generate` reads it (a batch's
     # hand-written {"prompt"} line): in the chat template where the target has one and --chat says so
+    # Fill in the middle (a completion's `suffix`, llama-server's /infill): `prompt` is the code before the
+    # cursor, `suffix` after it, `extra` other files, `continued` text after the prefix (chat/fim.py).
+    suffix: str | None = None
+    extra: list = field(default_factory=list)
+    continued: str = ""
+    logprobs: int | None = None  # each token's log probability and this many alternatives (None: not asked)
+    time_limit: float | None = None  # llama-server's t_max_predict_ms, in seconds: stop at a newline after it
+    indent: int = 0  # llama-server's n_indent: stop at a line indented less, after the first line
+    client: str | None = None  # who asks (an address and llama-server's id_slot): a newer request cancels its last
+    slot: int = -1  # llama-server's id_slot, as sent
+    fields: list[str] | None = None  # llama-server's response_fields: only these
+    n: int = 1  # completions asked for (llama-server's n_cmpl)
 
     @property
     def instruction(self) -> str:
@@ -115,6 +125,9 @@ def parse(kind: str, body: Any) -> Request:
         req.tools = chat.tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
     else:
         req.prompt = _prompt(body.get("prompt"))
+        if body.get("suffix") is not None:  # insertion: the text between the prompt and the suffix (FIM)
+            req.suffix = text(typed(body, "suffix", str), "suffix")
+    req.logprobs = _logprobs(kind, body)
     req.stream = bool(typed(body, "stream", bool))
     stream_options = typed(body, "stream_options", dict) or {}
     req.include_usage = bool(typed(stream_options, "include_usage", bool, "stream_options.include_usage"))
@@ -150,6 +163,26 @@ def parse(kind: str, body: Any) -> Request:
             param="response_format",
         )
     return req
+
+
+def _logprobs(kind: str, body: dict) -> int | None:
+    """How many alternatives each token's log probability comes with (None: none asked). Chat: `logprobs` true,
+    `top_logprobs` 0..20; a completion: `logprobs` 0..5 (OpenAI's legacy limit; 0: the token's alone)."""
+    if kind == "chat":
+        top = body.get("top_logprobs")
+        if not typed(body, "logprobs", bool):
+            if top is not None:
+                raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        n = 0 if top is None else number(top, "top_logprobs", integer=True)
+        name, most = "top_logprobs", options.MAX_LOGPROBS
+    else:
+        if body.get("logprobs") is None:
+            return None
+        n, name, most = number(body["logprobs"], "logprobs", integer=True), "logprobs", 5
+    if not 0 <= n <= most:
+        raise ApiError(400, f"{name} must be 0..{most} (got {n})", param=name)
+    return n
 
 
 def _prediction(value: Any) -> str | None:
@@ -256,15 +289,18 @@ def stream(req: Request, rid: str, model: str, items) -> Iterator[tuple[str | No
     carries the role; the last, finish_reason (and, here, usage and the speculative statistics). A stream
     cut by an error (the server stopping) ends with the error object, then "[DONE]"."""
     yield None, chunk(req, rid, model, "", first=True)
-    finished = None
+    finished, probs = None, None
     try:
         for item in items:
             if item is WAITING:  # a long prefill: a comment keeps the line alive (OpenRouter's habit)
                 yield COMMENT, "keep-alive"
             elif item is STARTED:
                 continue
+            elif isinstance(item, Probs):  # the next piece's tokens
+                probs = list(item)
             elif isinstance(item, str):
-                yield None, chunk(req, rid, model, item)
+                yield None, chunk(req, rid, model, item, probs=probs)
+                probs = None
             elif hasattr(item, "stats"):
                 finished = item
             else:
@@ -310,15 +346,41 @@ def usage(stats: Stats, cached: int, predicted: bool = False) -> dict:
     return out
 
 
+def logprobs(req: Request, scored: list) -> dict | None:
+    """OpenAI's logprobs for these tokens (None where not asked). Chat: {"content": [{token, logprob, bytes,
+    top_logprobs}]}; a completion, the legacy lists (text_offset: from the answer's start). Alternatives the grammar
+    rules out (probability 0, -inf: not JSON) are left out."""
+    if req.logprobs is None:
+        return None
+    if req.kind == "chat":
+
+        def one(token: str, raw: bytes, lp: float) -> dict:
+            return {"token": token, "logprob": lp, "bytes": list(raw)}
+
+        content = [
+            {**one(s.text, s.bytes, s.logprob), "top_logprobs": [one(*t[1:]) for t in s.top if t[3] != -math.inf]}
+            for s in scored
+        ]
+        return {"content": content}
+    offsets = list(itertools.accumulate((len(s.text) for s in scored[:-1]), initial=0)) if scored else []
+    return {
+        "tokens": [s.text for s in scored],
+        "token_logprobs": [s.logprob for s in scored],
+        "top_logprobs": [{t[1]: t[3] for t in s.top if t[3] != -math.inf} for s in scored],
+        "text_offset": offsets,
+    }
+
+
 def completion(req: Request, rid: str, model: str, text: str, finished) -> dict:
     """The whole response of a request that did not stream (`finished`: service.Finished)."""
     if req.kind == "chat":
         message: dict = {"role": "assistant", "content": text or (None if finished.calls else "")}
         if finished.calls:
             message["tool_calls"] = [chat.call_json(c) for c in finished.calls]
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finished.reason}
+        choice = {"index": 0, "message": message, "logprobs": logprobs(req, finished.probs)}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finished.reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs(req, finished.probs)}
+    choice["finish_reason"] = finished.reason
     return {
         "id": rid,
         "object": "chat.completion" if req.kind == "chat" else "text_completion",
@@ -349,6 +411,7 @@ def chunk(
     first: bool = False,
     extra: dict | None = None,
     call=None,
+    probs: list | None = None,
 ) -> dict:
     """One server-sent event of a stream. Chat: the first carries the role; the last, finish_reason
     (and, here, usage and the speculative statistics)."""
@@ -361,6 +424,8 @@ def chunk(
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+    if probs:
+        choice["logprobs"] = logprobs(req, probs)
     out = {
         "id": rid,
         "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",

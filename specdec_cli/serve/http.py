@@ -20,16 +20,19 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .. import __version__, ui
-from . import api, messages, responses
+from . import api, llama, messages, responses
 from .service import Finished, Service, whole
 
 MAX_BODY = 8 * 2**20  # bytes; a prompt that fits any context we allow is far smaller
+JSON = (",", ":")  # compact, one line: llama.vim checks a response's text for `"content":"`, with no space
 IDLE_SECONDS = 30.0  # a connection that sends nothing for this long is closed (and a slow sender's read fails)
 ROUTES = {
     **{("POST", path): kind for path, kind in api.ENDPOINTS.items()},
     ("POST", "/v1/responses"): "responses",
     ("POST", "/v1/messages"): "messages",
     ("POST", "/v1/messages/count_tokens"): "count_tokens",
+    ("POST", "/infill"): "infill",  # llama-server's own (the editor plugins')
+    ("POST", "/completion"): "llama",
     ("GET", "/v1/models"): "models",
     ("GET", "/health"): "health",
     ("GET", "/"): "health",  # clients check that the server answers (Claude Code sends HEAD /)
@@ -38,6 +41,7 @@ ROUTES = {
 
 # Each API's request, response, stream and error shapes (the same functions in each module).
 DIALECTS = {"chat": api, "completion": api, "responses": responses, "messages": messages, "count_tokens": messages}
+DIALECTS |= {"infill": llama, "llama": llama}
 
 
 class Server(ThreadingHTTPServer):
@@ -173,6 +177,8 @@ class Handler(BaseHTTPRequestHandler):
     def _generate(self, kind: str, body: object, t0: float) -> None:
         service, dialect = self.server.service, DIALECTS[kind]
         req = dialect.parse(kind, body)  # any `model` is answered by the loaded pair (as llama-server does)
+        if req.suffix is not None or dialect is llama:  # an editor's: its newer request supersedes this one
+            req.client = f"{self.client_address[0]} {req.slot}"
         tokens = service.tokens(req)
         req.prompt_tokens = len(tokens)
         if kind == "count_tokens":
@@ -193,10 +199,31 @@ class Handler(BaseHTTPRequestHandler):
             if finished is None:  # the client left
                 self.close_connection = True
                 return
-            self._send_json(200, dialect.response(req, rid, model, text, finished))
+            answer = dialect.response(req, rid, model, text, finished)
+            if req.n > 1:  # llama-server's n_cmpl: an array of answers (greedy ones are one answer, repeated)
+                answer = [answer, *self._more(service, dialect, req, tokens, rid, answer)]
+            self._send_json(200, answer)
             self._log(req, finished, time.perf_counter() - t0)
         finally:
             pieces.close()  # the generation's own finally: caches rolled back, the gate let go
+
+    def _more(self, service: Service, dialect, req: api.Request, tokens: list[int], rid: str, first: dict) -> list:
+        """The answers after the first of an n_cmpl request, each a generation of its own (seeds one apart)."""
+        if service.greedy(req):
+            return [{**first, "index": i} for i in range(1, req.n)]
+        out, seed = [], req.settings.get("seed")
+        for i in range(1, req.n):
+            if seed is not None:
+                req.settings["seed"] = seed + i
+            pieces = service.run(req, tokens, self._gone)
+            try:
+                text, finished = whole(pieces)
+            finally:
+                pieces.close()
+            if finished is None:
+                raise ConnectionError("the client left")
+            out.append({**dialect.response(req, rid, service.model, text, finished), "index": i})
+        return out
 
     def _stream(self, dialect, req: api.Request, rid: str, model: str, items) -> None:
         """Server-sent events, as the dialect writes them (each ends a stream cut by an error its own way)."""
@@ -223,7 +250,7 @@ class Handler(BaseHTTPRequestHandler):
         self._log(req, seen[0], time.perf_counter() - t0)
 
     def _event(self, name: str | None, data: dict | str) -> None:
-        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=JSON)
         if name == api.COMMENT:  # a line every SSE reader skips
             self._chunk(b": " + text.encode() + b"\n\n")
             return
@@ -249,7 +276,7 @@ class Handler(BaseHTTPRequestHandler):
     def _send_json(self, status: int, obj: dict, headers: dict | None = None) -> None:
         if not getattr(self, "_body_read", True) and self._has_body():
             self.close_connection = True  # a body left unread (a GET's, a refused POST's) would be read as a request
-        data = json.dumps(obj, ensure_ascii=False).encode()
+        data = json.dumps(obj, ensure_ascii=False, separators=JSON).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

@@ -13,15 +13,16 @@ from typing import Callable, Iterable, Iterator
 from .. import chat, ui
 from ..backend import grammar
 from ..backend.schema import schema_to_gbnf
-from ..chat import calls
-from ..engine.events import Round, Stopped, Token
+from ..chat import calls, fim
+from ..engine.events import Prefilled, Round, Stopped, Token
 from ..engine.stats import Fold, Stats
 from ..errors import SpecdecError, UsageError
 from ..options import OptionError
 from ..session import PromptTooLong, Session
 from ..signals import INTERRUPTS
-from . import body
+from . import body, cuts
 from .body import STARTED, WAITING
+from .cuts import Indent, Probs, Scored
 from .api import ApiError, Request, StopText, api_name, completion, finish_reason, new_id
 
 
@@ -41,6 +42,9 @@ class Finished:
     reason: str
     calls: list[chat.ToolCall] = field(default_factory=list)  # the tool calls the answer made (its text: none of them)
     stop_sequence: str | None = None  # the stop sequence that ended the text
+    probs: list[Scored] = field(default_factory=list)  # each token's log probabilities, where the request asked
+    limit: bool = False  # a request's time or indentation limit ended it (llama-server's stop_type "limit")
+    superseded: bool = False  # a newer request from the same client ended it
 
 
 def whole(items: Iterable[str | calls.Piece | Finished]) -> tuple[str, Finished | None]:
@@ -113,6 +117,8 @@ class Service:
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._submitting = threading.Lock()  # a job is handed over, or refused once `work` has ended: never lost
         self._closed = False
+        self._latest: dict[str, int] = {}  # client -> its newest request's number (_arrived)
+        self._count = 0
 
     def check_model(self, name: str | None) -> None:
         """GET /v1/models/NAME: only the served names exist. A generation's `model` may name anything (a
@@ -138,6 +144,15 @@ class Service:
                 if s.cfg.system and not any(m.role == "system" for m in messages):
                     messages = [chat.Message("system", s.cfg.system), *messages]
                 return s.prompt_tokens(messages=messages, tools=req.tools)
+            if req.suffix is not None:
+                if fim.missing(s.target):  # llama-server's status for it: 501
+                    raise ApiError(
+                        501 if req.kind == "infill" else 400,
+                        f"{s.target.name} cannot fill in the middle: it has no "
+                        f"{', '.join(fim.missing(s.target))} token (FIM)",
+                        param="suffix",
+                    )
+                return s.infill_tokens(req.prompt, req.suffix, req.extra, req.continued)
             return s.prompt_tokens(req.prompt, chat=req.template)
         except UsageError as e:
             raise ApiError(
@@ -167,6 +182,10 @@ class Service:
             raise ApiError(400, e.message) from None
         return {**req.settings, **self._tool_grammar(req)}
 
+    def greedy(self, req: Request) -> bool:
+        """Whether this request's answer is greedy: the same every time it is asked."""
+        return self.session.cfg.override(**self.overrides(req)).sampler.greedy
+
     def call_format(self, req: Request) -> calls.Format | None:
         """How the model writes its tool calls (None: this request's answer is text)."""
         if req.tools is None or req.tools.choice == "none":
@@ -194,8 +213,9 @@ class Service:
         (Claude Code and Codex CLI, which then send the request again), and on this CPU an agent's first prompt
         takes longer to prefill."""
         changes = self.overrides(req)
+        newer = self._arrived(req.client)
         with self.gate.turn():
-            job = Job(lambda cancelled: self._generate(req, tokens, changes, lambda: gone() or cancelled()))
+            job = Job(lambda cancelled: self._generate(req, tokens, changes, lambda: gone() or cancelled(), newer))
             self._submit(job)
             try:
                 if req.stream:
@@ -214,6 +234,20 @@ class Service:
             finally:
                 job.cancel.set()
                 job.done.wait()  # the gate opens only once the engine has let go of the caches
+
+    def _arrived(self, client: str | None) -> Callable[[], bool]:
+        """A request from `client` (None: anonymous) has come: the one before it from there, running or waiting,
+        is superseded (an editor asks again at every keystroke; only the newest answer is shown). Whether a
+        newer one has come since this one."""
+        if client is None:
+            return lambda: False
+        with self._submitting:
+            self._count += 1
+            self._latest.pop(client, None)  # (re-inserted last: the dict keeps its newest clients, at most 256)
+            mine = self._latest[client] = self._count
+            if len(self._latest) > 256:
+                del self._latest[next(iter(self._latest))]
+        return lambda: self._latest.get(client) != mine
 
     def answer(self, req: Request) -> dict:
         """The whole response `run` would give, generated on the calling thread, with no queue (a batch)."""
@@ -268,7 +302,17 @@ class Service:
             else:
                 self._jobs.put(job)
 
-    def _generate(self, req: Request, tokens: list[int], changes: dict, stop: Callable[[], bool]):
+    def _generate(
+        self, req: Request, tokens: list[int], changes: dict, stop: Callable[[], bool], newer=lambda: False
+    ) -> Iterator[str | calls.Piece | Probs | Finished]:
+        """The answer's items: text pieces (tool calls' Pieces where it makes them; Probs before the text of the
+        tokens they score, where asked), then Finished. Ends without it when `stop` says the client went; with
+        it, superseded, when a `newer` request came from the same client."""
+        if newer():  # superseded while it waited: nothing to prefill for
+            yield Finished(Stats(), 0, "length", superseded=True)
+            return
+        if req.logprobs is not None:
+            changes = {**changes, "logprobs": req.logprobs}
         events = self.session.generate(
             tokens,
             instruction=req.instruction,
@@ -276,20 +320,31 @@ class Service:
             prediction=req.prediction,
             **changes,
         )
-        fold, cut = Fold(), StopText(req.stop)
+        fold, cut, indent = Fold(), StopText(req.stop), Indent(req.indent)
         fmt = self.call_format(req)
         reader = calls.Reader(fmt) if fmt is not None else None
+        scored, pending, started, late, superseded = [], [], None, False, False
         try:
             for event in events:
                 fold.add(event)
                 if isinstance(event, Token):
-                    piece = cut.push(event.text)
+                    if req.logprobs is not None:
+                        pending.append(cuts.scored(event, self.session.target.piece))
+                    piece = indent.push(cut.push(event.text))
                     if piece:
+                        if pending:
+                            yield Probs(pending)
+                            scored, pending = scored + pending, []
                         yield from _read(reader, piece)
-                    if cut.hit:
+                    # llama-server's t_max_predict_ms: a line that ends past the time limit ends the text
+                    late = req.time_limit is not None and "\n" in event.text and time.perf_counter() > started
+                    if cut.hit or indent.hit or late:
                         break
+                elif isinstance(event, Prefilled):
+                    started = time.perf_counter() + (req.time_limit or 0.0)
                 elif isinstance(event, Stopped):
                     piece = cut.push(event.tail) + ("" if cut.hit else cut.flush())
+                    piece = indent.push(piece) + indent.flush()
                     if piece:
                         yield from _read(reader, piece)
                 elif isinstance(event, Round):  # once a verification, not a token: a select costs a syscall
@@ -297,19 +352,23 @@ class Service:
                         raise shutting_down(": generation stopped")
                     if stop():
                         return
+                    if newer():
+                        superseded = True
+                        break
         except SpecdecError as e:
             raise ApiError(500 if not isinstance(e, UsageError) else 400, e.message) from None
         finally:
             events.close()  # the engine's rollback, when it stopped early
-        if fold.stats.stop_reason in ("eos", "max_tokens") and not cut.hit:
+        if fold.stats.stop_reason in ("eos", "max_tokens") and not (cut.hit or indent.hit or late or superseded):
             self.session.remember(fold.tokens)
         made: list[chat.ToolCall] = []
         if reader is not None:
             last, _, made = reader.end()
             yield from (p.text if p.kind == "text" else p for p in last)
-        reason = finish_reason(fold.stats.stop_reason, cut.hit)
+        limit = indent.hit or late
+        reason = "length" if limit or superseded else finish_reason(fold.stats.stop_reason, cut.hit)
         reason = "tool_calls" if made and reason != "length" else reason
-        yield Finished(fold.stats, fold.cached, reason, made, cut.hit)
+        yield Finished(fold.stats, fold.cached, reason, made, cut.hit, scored, limit, superseded)
 
 
 def _read(reader: calls.Reader | None, text: str) -> Iterator[str | calls.Piece]:

@@ -1,0 +1,86 @@
+"""Fill-in-the-middle prompts: the code before the cursor, the code after it and other files, in the model's FIM
+tokens, laid out token for token as llama-server's `format_prompt_infill` lays them out (tools/server), because
+the editor plugins (llama.vim, llama.vscode) were tuned against that layout:
+
+    [rep]"myproject\\n" ([sep]FILENAME"\\n" TEXT)... [sep]"filename\\n"  [BOS] [pre]PREFIX PROMPT [suf]SUFFIX [mid]
+
+The repository header where the model has the repo token; each extra file after the file-separator token and its
+name (without one, after a "--- snippet ---" line); then the file being edited. Budgets as llama-server's, with
+its default batch of 2,048: the prefix's last 1,536 tokens, the suffix's first 510 less the prompt's, and of the
+extra files the tokens nearest the file being edited that leave the batch (and two) free in the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+N_BATCH = 2048  # llama-server's default batch (-b): its budgets are shares of it
+N_PREDICT = -1  # llama-server's default -n: part of the extra files' budget
+SNIPPET = "\n\n--- snippet ---\n\n"  # an extra file's header where the model has no file separator
+TOKENS = ("pre", "suf", "mid")
+ROOM = 64  # tokens left for the answer where the other files had to give way (below)  # what a model needs to fill in the middle at all
+
+
+class FimModel(Protocol):
+    name: str
+
+    def fim_tokens(self) -> dict[str, int | None]: ...
+    def add_bos(self) -> bool: ...
+    def bos(self) -> int: ...
+    def tokenize_text(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A file the completion may draw on (llama-server's input_extra chunk)."""
+
+    filename: str
+    text: str
+
+
+class NoFim(Exception):
+    """The model has no fill-in-the-middle tokens: the message says which it lacks."""
+
+
+def missing(model: FimModel) -> list[str]:
+    """The FIM tokens the model lacks, of those it needs (prefix, suffix, middle)."""
+    ids = model.fim_tokens()
+    return [name for name in TOKENS if ids[name] is None]
+
+
+def layout(
+    model: FimModel, prefix: str, suffix: str, extra: list[Extra] = (), prompt: str = "", n_ctx: int = 0
+) -> list[int]:
+    """The prompt's tokens; `prompt`: text that continues the prefix (llama.vim sends the cursor line's start
+    there); `n_ctx`: the context, which bounds the extra files. NoFim where the model cannot."""
+    lacks = missing(model)
+    if lacks:
+        names = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
+        raise NoFim(f"{model.name} cannot fill in the middle: it has no {', '.join(names[n] for n in lacks)} token")
+    ids = model.fim_tokens()
+
+    def tok(text: str) -> list[int]:  # text as text: control-token names in the code are not parsed
+        return model.tokenize_text(text, add_special=False, parse_special=False)
+
+    head: list[int] = []
+    if ids["rep"] is not None:
+        head += [ids["rep"], *tok("myproject\n")]
+    for chunk in extra:
+        head += [ids["sep"], *tok(chunk.filename + "\n")] if ids["sep"] is not None else tok(SNIPPET)
+        head += tok(chunk.text)
+    if ids["sep"] is not None:
+        head += [ids["sep"], *tok("filename\n")]
+    pre, suf, continued = tok(prefix), tok(suffix), tok(prompt)
+    n_pre = min(len(pre), 3 * (N_BATCH // 4))
+    n_suf = min(len(suf), max(0, N_BATCH // 4 - (2 + len(continued))))
+    n_head = min(max(0, n_ctx - N_BATCH - 2 * N_PREDICT), len(head))
+    body = [ids["pre"], *pre[len(pre) - n_pre :], *continued]
+    if model.add_bos():
+        body = [model.bos(), *body]
+    end = [ids["suf"], *suf[:n_suf], ids["mid"]]
+    if n_ctx and n_head + len(body) + len(end) >= n_ctx:  # llama-server's budgets can overfill the context by a few
+        # tokens (the files' share counts on the batch's, the prefix's and suffix's, summing to 2,048 at most): where
+        # it would refuse the request, the files give way, leaving ROOM for the answer
+        n_head = max(0, min(n_head, n_ctx - ROOM - len(body) - len(end)))
+    return [*head[len(head) - n_head :], *body, *end]

@@ -1,0 +1,68 @@
+"""What an editor's completion adds to a generation's text: llama-server's n_indent rule (a completion ends where
+the code leaves the block it was in), and each token's log probabilities (Probs, before the text they make)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Indent:
+    """llama-server's n_indent: after the first line, a line that starts (at its first character that is not a space
+    or a tab, a newline included) with less indentation than `n` ends the text there, its indentation kept. Holds back a line's
+    indentation until its first character says whether the line stays: a stream never sends what is cut."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.held = ""  # a line's start, whitespace only so far (after a newline)
+        self.newline = False  # a newline has been released: the lines after it are checked
+        self.hit = False
+
+    def push(self, piece: str) -> str:
+        if self.hit:
+            return ""
+        if self.n <= 0:
+            return piece
+        out = []
+        for ch in piece:
+            if self.newline:
+                if ch in " \t":
+                    self.held += ch
+                    continue
+                out.append(self.held)  # any other character decides, a newline too (as llama-server's check)
+                self.held, self.newline = "", False
+                if len(out[-1]) < self.n:
+                    self.hit = True
+                    break
+            out.append(ch)
+            self.newline = ch == "\n"
+        return "".join(out)
+
+    def flush(self) -> str:
+        out, self.held = ("" if self.hit else self.held), ""
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """One generated token's log probability under the target, and its best alternatives (id, text, logprob)."""
+
+    id: int
+    text: str
+    bytes: bytes
+    logprob: float
+    top: tuple[tuple[int, str, bytes, float], ...]
+
+
+class Probs(tuple):
+    """The Scored tokens whose text the next piece of a stream carries (a service item, like a text piece)."""
+
+
+def scored(token, piece) -> Scored:
+    """An engine Token's figures with the texts of its ids (`piece`: the model's bytes for an id)."""
+
+    def named(t: int) -> tuple[bytes, str]:
+        raw = piece(t)
+        return raw, raw.decode("utf-8", "replace")
+
+    raw, text = named(token.id)
+    return Scored(token.id, text, raw, token.logprob, tuple((t, *named(t)[::-1], lp) for t, lp in token.top))

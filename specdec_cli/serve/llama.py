@@ -1,0 +1,259 @@
+"""llama-server's own endpoints, as the editor plugins call them: `POST /infill` (fill in the middle: llama.vim,
+llama.vscode) and `POST /completion` (Tabby, Continue with their own templates). Its request fields and its
+response: `content`, `stop_type`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `timings`, and
+`completion_probabilities` for `n_probs`; streamed as `data:` lines with no `[DONE]`.
+
+As llama-server does, fields this server has no use for are ignored (the plugins send many); a field that would
+change the answer in a way we cannot (penalties, mirostat, DRY, XTC, probabilities after sampling) is refused.
+Where the request does not set a sampling field, the server's own setting applies (--temp defaults to greedy).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Iterator
+
+from ..chat import fim
+from . import api, body
+from .body import COMMENT, STARTED, WAITING, ApiError, number, text, typed
+from .cuts import Probs
+
+SETTINGS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed"}
+NO_LIMIT = 2**31 - 1  # n_predict -1: until the end of the turn or of the context
+NEUTRAL = {  # field: its value that changes nothing (the default); any other is refused
+    "repeat_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "mirostat": 0,
+    "dry_multiplier": 0.0,
+    "xtc_probability": 0.0,
+    "typical_p": 1.0,
+    "post_sampling_probs": False,
+    "logit_bias": [],
+}
+MAX_EXTRA = 1024  # input_extra chunks
+MAX_N_CMPL = 8
+ERRORS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 501: "not_supported_error"}
+ERRORS |= {503: "unavailable_error"}
+
+
+def parse(kind: str, value: Any) -> api.Request:
+    """An /infill body (kind "infill") or a /completion body (kind "llama")."""
+    if not isinstance(value, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    req = api.Request(kind, typed(value, "model", str))
+    if kind == "infill":
+        req.prompt = _text(value, "input_prefix", required=True)
+        req.suffix = _text(value, "input_suffix", required=True)
+        req.extra = _extra(value.get("input_extra"))
+        req.continued = _text(value, "prompt")
+    else:
+        req.prompt = api._prompt(value.get("prompt"))
+    for name, neutral in NEUTRAL.items():
+        if value.get(name) not in (None, neutral) and not (name == "logit_bias" and value[name] in ({}, [])):
+            raise ApiError(400, f"{name} = {value[name]!r} is not supported by this server", param=name)
+    req.stream = bool(typed(value, "stream", bool))
+    req.cache_prompt = typed(value, "cache_prompt", bool)
+    req.stop = _stop(value.get("stop"))
+    n_predict = value.get("n_predict", value.get("max_tokens"))
+    if n_predict is not None:
+        n = number(n_predict, "n_predict", integer=True)
+        req.settings["max_tokens"] = NO_LIMIT if n < 0 else max(n, 1)  # 0: one token, as llama-server samples
+    for name, key in SETTINGS.items():
+        if value.get(name) is not None:
+            req.settings[key] = number(value[name], name, integer=key in ("top_k", "seed"))
+    if req.settings.get("seed") == -1:  # llama-server's "random"
+        del req.settings["seed"]
+    n_probs = value.get("n_probs")
+    if n_probs is not None and number(n_probs, "n_probs", integer=True) > 0:
+        req.logprobs = int(n_probs)
+    limit = value.get("t_max_predict_ms")  # (t_max_prompt_ms: llama-server reads it, and applies nothing)
+    if limit is not None and number(limit, "t_max_predict_ms", integer=False) > 0:
+        req.time_limit = float(limit) / 1000
+    if value.get("n_indent") is not None:
+        req.indent = max(0, number(value["n_indent"], "n_indent", integer=True))
+    req.slot = _int(value, "id_slot", -1)
+    req.fields = _fields(value.get("response_fields"))
+    req.n = _int(value, "n_cmpl", _int(value, "n", 1))
+    if not 1 <= req.n <= MAX_N_CMPL or (req.stream and req.n > 1):
+        raise ApiError(400, f"n_cmpl must be 1..{MAX_N_CMPL} (1 when streaming)", param="n_cmpl")
+    if value.get("grammar") is not None:
+        req.settings["gbnf"] = text(typed(value, "grammar", str), "grammar")
+    elif value.get("json_schema") is not None:
+        req.settings["gbnf"] = body.schema_grammar(typed(value, "json_schema", dict), "json_schema")
+    return req
+
+
+def _int(value: dict, name: str, default: int) -> int:
+    """A whole-number field; null is the default, as llama-server reads it."""
+    return default if value.get(name) is None else int(number(value[name], name, integer=True))
+
+
+def _text(value: dict, name: str, required: bool = False) -> str:
+    if value.get(name) is None:
+        if required:
+            raise ApiError(400, f'"{name}" is required', param=name)
+        return ""
+    return text(typed(value, name, str), name)
+
+
+def _extra(value: Any) -> list[fim.Extra]:
+    """input_extra: [{"filename", "text"}] (other keys, such as llama.vim's "time", are ignored)."""
+    if value is None:
+        return []
+    shape = 'input_extra must be an array of {"filename": string, "text": string}'
+    if not isinstance(value, list) or len(value) > MAX_EXTRA:
+        raise ApiError(400, shape + f" (at most {MAX_EXTRA})", param="input_extra")
+    out = []
+    for i, chunk in enumerate(value):
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise ApiError(
+                400, f'input_extra[{i}] must contain a "text" field with a string value', param="input_extra"
+            )
+        name = chunk.get("filename", "tmp")
+        if not isinstance(name, str):
+            raise ApiError(400, f'input_extra[{i}]\'s "filename" must be a string', param="input_extra")
+        out.append(fim.Extra(text(name, "input_extra"), text(chunk["text"], "input_extra")))
+    return out
+
+
+def _stop(value: Any) -> list[str]:
+    """A string or strings; empty ones are dropped (llama-server's rule)."""
+    stops = [value] if isinstance(value, str) else [] if value is None else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError(400, "stop must be a string or an array of strings", param="stop")
+    stops = [text(s, "stop") for s in stops if s]
+    if len(stops) > 16:
+        raise ApiError(400, "stop takes at most 16 strings", param="stop")
+    return stops
+
+
+def _fields(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
+        raise ApiError(400, "response_fields must be an array of strings", param="response_fields")
+    return value
+
+
+def new_id(kind: str) -> str:
+    return "cmpl-" + secrets.token_hex(12)
+
+
+def stop_type(finished) -> str:
+    """llama-server's: "eos" (the model ended), "word" (a stop string), "limit" (n_predict, the context, a time
+    or indentation limit), "none" (a newer request from the same client superseded it)."""
+    if finished.superseded:
+        return "none"
+    if finished.stop_sequence is not None:
+        return "word"
+    return "eos" if finished.stats.stop_reason == "eos" and not finished.limit else "limit"
+
+
+def timings(finished) -> dict:
+    s = finished.stats
+    prompt_n, gen_n = max(s.prompt_tokens - finished.cached, 0), s.generated_tokens
+    prompt_ms, gen_ms = s.prefill_seconds * 1000, s.generation_seconds * 1000
+    out = {
+        "cache_n": finished.cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms else 0.0,
+        "predicted_n": gen_n,
+        "predicted_ms": gen_ms,
+        "predicted_per_token_ms": gen_ms / gen_n if gen_n else 0.0,
+        "predicted_per_second": gen_n / gen_ms * 1000 if gen_ms else 0.0,
+    }
+    if s.drafted:
+        out |= {"draft_n": s.drafted, "draft_n_accepted": s.accepted}
+    return out
+
+
+def probabilities(scored) -> list[dict]:
+    """completion_probabilities: each token's {id, token, bytes, logprob, top_logprobs}."""
+
+    def one(t: int, token: str, raw: bytes, lp: float) -> dict:
+        return {"id": t, "token": token, "bytes": list(raw), "logprob": _finite(lp)}
+
+    return [{**one(s.id, s.text, s.bytes, s.logprob), "top_logprobs": [one(*t) for t in s.top]} for s in scored]
+
+
+def _finite(lp: float) -> float:
+    return lp if lp > -3.4028234663852886e38 else -3.4028234663852886e38  # llama-server's -inf (JSON has none)
+
+
+def response(req: api.Request, rid: str, model: str, content: str, finished) -> dict:
+    s = finished.stats
+    out = {
+        "index": 0,
+        "content": content,
+        "tokens": [],
+        "id_slot": max(req.slot, 0),
+        "stop": True,
+        "model": model,
+        "tokens_predicted": s.generated_tokens,
+        "tokens_evaluated": s.prompt_tokens,
+        "generation_settings": {k: v for k, v in req.settings.items() if k != "gbnf"},
+        "has_new_line": "\n" in content,
+        "truncated": s.stop_reason == "context",
+        "stop_type": stop_type(finished),
+        "stopping_word": finished.stop_sequence or "",
+        "tokens_cached": s.prompt_tokens + s.generated_tokens,
+        "timings": timings(finished),
+        "speculative": s.as_dict(),
+    }
+    if req.logprobs is not None and not req.stream:
+        out["completion_probabilities"] = probabilities(finished.probs)
+    return _only(out, req.fields)
+
+
+def _only(out: dict, fields: list[str] | None) -> dict:
+    """response_fields: those paths, each a key of its own ("timings/prompt_n"), as llama-server flattens them."""
+    if not fields:
+        return out
+    picked = {}
+    for path in fields:
+        value: Any = out
+        for part in path.split("/"):
+            value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+        if value is not _MISSING:
+            picked[path] = value
+    return picked
+
+
+_MISSING = object()
+
+
+def stream(req: api.Request, rid: str, model: str, items) -> Iterator[tuple[str | None, dict | str]]:
+    """`data:` lines: one per piece ({content, stop: false, ...}, its tokens' probabilities where asked), then
+    the whole response with empty content and stop: true. No [DONE]; an error after the start as {"error"}."""
+    finished, n, probs = None, 0, []
+    try:
+        for item in items:
+            if item is WAITING:
+                yield COMMENT, "ping"
+            elif item is STARTED:
+                continue
+            elif isinstance(item, Probs):
+                probs = list(item)
+            elif isinstance(item, str):
+                n += 1
+                chunk = {"index": 0, "content": item, "tokens": [], "stop": False, "id_slot": max(req.slot, 0)}
+                chunk |= {"tokens_predicted": n, "tokens_evaluated": req.prompt_tokens}
+                if probs:
+                    chunk["completion_probabilities"], probs = probabilities(probs), []
+                yield None, chunk
+            elif hasattr(item, "stats"):
+                finished = item
+    except ApiError as e:
+        yield None, error(e)
+        return
+    if finished is not None:
+        yield None, response(req, rid, model, "", finished)
+
+
+def error(e: ApiError) -> dict:
+    """llama-server's error body: {"error": {"code", "message", "type"}}."""
+    kind = ERRORS.get(e.status) or ("invalid_request_error" if e.status < 500 else "server_error")
+    return {"error": {"code": e.status, "message": e.message, "type": kind}}
