@@ -184,3 +184,20 @@ def test_other_files_give_way_where_llama_servers_budgets_would_overfill_the_con
     assert len(got) == 4096 - fim.ROOM and got[got.index(1) :] == plain[plain.index(1) :]
     small, plain = fim.layout(m, "p" * 100, "s" * 100, files, n_ctx=4096), fim.layout(m, "p" * 100, "s" * 100)
     assert small.index(1) == 4096 - 2048 + 2 and small[small.index(1) :] == plain[plain.index(1) :]
+
+
+def test_a_huge_prefix_suffix_or_file_is_tokenized_only_as_far_as_the_budgets_reach(vocab, monkeypatch):
+    """Some tokenizers are quadratic (the fixtures' is): a megabyte of prefix must not cost hours. The tokens are
+    those of tokenizing everything (compared on a size where that is cheap)."""
+    m = vocab["fim"]
+    code = "".join(f"    value_{i} = compute({i}, 'x')\n" for i in range(400))  # ~12 KB of lines
+    files = [fim.Extra(f"f{i}.py", code) for i in range(3)]
+    whole = fim.layout(m, code, code, files, n_ctx=3000)
+    seen = []
+    real = m.tokenize_text
+    monkeypatch.setattr(m, "tokenize_text", lambda text, **kw: seen.append(len(text)) or real(text, **kw))
+    assert fim.layout(m, code, code, files, n_ctx=3000) == whole
+    assert max(seen) < len(code)  # no text was tokenized whole
+    seen.clear()
+    big = fim.layout(m, "x = 1\n" * 200_000, "y = 2\n" * 200_000, [fim.Extra("a.py", "z\n" * 500_000)] * 50, n_ctx=4096)
+    assert len(big) < 4096 and sum(seen) < 200_000

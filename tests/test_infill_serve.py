@@ -210,6 +210,9 @@ def test_n_cmpl_answers_an_array_as_llama_vscode_asks(server):
         ({"input_prefix": "x", "input_suffix": "y", "n_predict": "many"}, 400, "n_predict must be a number"),
         ({"input_prefix": "x", "input_suffix": "y", "repeat_penalty": 1.3}, 400, "repeat_penalty"),
         ({"input_prefix": "x", "input_suffix": "y", "n_cmpl": 2, "stream": True}, 400, "n_cmpl"),
+        ({"input_prefix": "x", "input_suffix": "y", "n_probs": 21}, 400, "n_probs must be 0..20"),
+        ({"input_prefix": "x", "input_suffix": "y", "repeat_penalty": True}, 400, "repeat_penalty"),
+        ({"input_prefix": "x", "input_suffix": "y", "grammar": "root ::= [", "stream": True}, 400, "grammar"),
         ({"input_prefix": "x" * 9000, "input_suffix": "y", "input_extra": [{"text": "e" * 50000}]}, 200, ""),
     ],
 )
@@ -243,3 +246,53 @@ def test_a_model_without_fim_tokens_is_a_501_and_a_prefix_over_the_context_a_400
         assert status == 400 and "context" in r["error"]["message"]
     finally:
         assert s.stop() == 0, s.stderr
+
+
+@pytest.mark.parametrize(
+    "extra, content",
+    [
+        ({"grammar": 'root ::= "ab" "STOP" "cd"', "stop": ["STOP"]}, "ab"),
+        ({"grammar": 'root ::= "x = 1\\n    y\\n  z\\n"', "n_indent": 4}, "x = 1\n    y\n  "),
+        ({"grammar": 'root ::= "abc"'}, "abc"),
+    ],
+)
+def test_probabilities_are_those_of_the_text_that_went_out(server, extra, content):
+    """A stop string's tokens and a line cut by n_indent are not scored; the last tokens are (streamed or not)."""
+    for stream in (False, True):
+        body = {"prompt": PREFIX, "n_predict": 32, "n_probs": 1, "cache_prompt": False, "stream": stream, **extra}
+        status, _, data = server.raw("POST", "/completion", json.dumps(body).encode())
+        if stream:
+            *pieces, last = sse(data)
+            text = "".join(p["content"] for p in pieces)
+            probs = [p for piece in pieces for p in piece.get("completion_probabilities", [])]
+            assert last["tokens_predicted"] >= sum(1 for _ in probs) and last["has_new_line"] == ("\n" in content)
+        else:
+            r = json.loads(data)
+            text, probs = r["content"], r["completion_probabilities"]
+        assert status == 200 and text == content
+        assert bytes(b for p in probs for b in p["bytes"]).decode("utf-8", "replace") == content
+
+
+def test_only_an_infill_from_the_same_client_and_slot_supersedes(server):
+    """/completion and OpenAI's completions never cancel one another; a request refused (503) or from a client the
+    server has forgotten supersedes nothing."""
+    endless = "root ::= [a-z] root"
+    first = {"prompt": PREFIX, "n_predict": -1, "grammar": endless, "stream": True, "id_slot": 0}
+    started, got = threading.Event(), {}
+
+    def older():
+        conn = http.client.HTTPConnection(server.host, int(server.port), timeout=60)
+        conn.request("POST", "/completion", json.dumps(first).encode())
+        r, lines = conn.getresponse(), []
+        while line := r.readline():
+            lines.append(line)
+            started.set()
+        got["events"] = sse(b"".join(lines))
+        conn.close()
+
+    t = threading.Thread(target=older)
+    t.start()
+    assert started.wait(60)
+    status, _, newer = server.post("/completion", {"prompt": PREFIX, "n_predict": 2, "id_slot": 0})
+    t.join(60)
+    assert status == 200 and got["events"][-1]["stop_type"] == "limit"  # it ran to the context's end

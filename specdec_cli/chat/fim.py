@@ -19,6 +19,8 @@ N_BATCH = 2048  # llama-server's default batch (-b): its budgets are shares of i
 N_PREDICT = -1  # llama-server's default -n: part of the extra files' budget
 SNIPPET = "\n\n--- snippet ---\n\n"  # an extra file's header where the model has no file separator
 TOKENS = ("pre", "suf", "mid")
+BYTES_PER_TOKEN = 8  # what a prompt's end is first cut to before tokenizing (code averages 3 to 4 bytes a token)
+MARGIN = 16  # tokens past the cut that may differ from the whole text's tokens, and are not used
 ROOM = 64  # tokens left for the answer where the other files had to give way (below)  # what a model needs to fill in the middle at all
 
 
@@ -49,38 +51,85 @@ def missing(model: FimModel) -> list[str]:
     return [name for name in TOKENS if ids[name] is None]
 
 
+def refusal(model: FimModel) -> str | None:
+    """Why the model cannot fill in the middle (None: it can)."""
+    lacks = missing(model)
+    names = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
+    return (
+        f"{model.name} cannot fill in the middle: it has no {', '.join(names[n] for n in lacks)} token"
+        if lacks
+        else None
+    )
+
+
 def layout(
     model: FimModel, prefix: str, suffix: str, extra: list[Extra] = (), prompt: str = "", n_ctx: int = 0
 ) -> list[int]:
     """The prompt's tokens; `prompt`: text that continues the prefix (llama.vim sends the cursor line's start
     there); `n_ctx`: the context, which bounds the extra files. NoFim where the model cannot."""
-    lacks = missing(model)
-    if lacks:
-        names = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
-        raise NoFim(f"{model.name} cannot fill in the middle: it has no {', '.join(names[n] for n in lacks)} token")
+    why = refusal(model)
+    if why:
+        raise NoFim(why)
     ids = model.fim_tokens()
 
     def tok(text: str) -> list[int]:  # text as text: control-token names in the code are not parsed
         return model.tokenize_text(text, add_special=False, parse_special=False)
 
-    head: list[int] = []
+    budget = max(0, n_ctx - N_BATCH - 2 * N_PREDICT)  # the other files' tokens, nearest the cursor's first
+    parts: list = []  # the head's parts, first to last: token lists, or texts (only their last tokens count)
     if ids["rep"] is not None:
-        head += [ids["rep"], *tok("myproject\n")]
+        parts += [[ids["rep"], *tok("myproject\n")]]
     for chunk in extra:
-        head += [ids["sep"], *tok(chunk.filename + "\n")] if ids["sep"] is not None else tok(SNIPPET)
-        head += tok(chunk.text)
+        parts += [[ids["sep"], *tok(chunk.filename + "\n")] if ids["sep"] is not None else tok(SNIPPET), chunk.text]
     if ids["sep"] is not None:
-        head += [ids["sep"], *tok("filename\n")]
-    pre, suf, continued = tok(prefix), tok(suffix), tok(prompt)
-    n_pre = min(len(pre), 3 * (N_BATCH // 4))
-    n_suf = min(len(suf), max(0, N_BATCH // 4 - (2 + len(continued))))
-    n_head = min(max(0, n_ctx - N_BATCH - 2 * N_PREDICT), len(head))
-    body = [ids["pre"], *pre[len(pre) - n_pre :], *continued]
+        parts += [[ids["sep"], *tok("filename\n")]]
+    head: list[int] = []
+    for part in reversed(parts):  # from the last, only until the budget is spent: a huge input_extra costs nothing
+        if len(head) > budget:
+            break
+        head = [*(part if isinstance(part, list) else last_tokens(tok, part, budget + 1 - len(head))), *head]
+    continued = tok(prompt)
+    pre = last_tokens(tok, prefix, 3 * (N_BATCH // 4))
+    suf = first_tokens(tok, suffix, max(0, N_BATCH // 4 - (2 + len(continued))))
+    n_head = min(budget, len(head))
+    body = [ids["pre"], *pre, *continued]
     if model.add_bos():
         body = [model.bos(), *body]
-    end = [ids["suf"], *suf[:n_suf], ids["mid"]]
+    end = [ids["suf"], *suf, ids["mid"]]
     if n_ctx and n_head + len(body) + len(end) >= n_ctx:  # llama-server's budgets can overfill the context by a few
         # tokens (the files' share counts on the batch's, the prefix's and suffix's, summing to 2,048 at most): where
         # it would refuse the request, the files give way, leaving ROOM for the answer
         n_head = max(0, min(n_head, n_ctx - ROOM - len(body) - len(end)))
     return [*head[len(head) - n_head :], *body, *end]
+
+
+def last_tokens(tok, text: str, n: int) -> list[int]:
+    """The last n of text's tokens, as tokenizing all of it gives them, tokenizing only as much of its end as
+    needed (a megabyte of prefix is one request away, and some tokenizers are quadratic): from a line's start far
+    enough back that MARGIN more tokens come before the n (the tokens after a line break do not depend on what
+    came before it; the margin covers a run of line breaks cut in two)."""
+    if n <= 0:
+        return []
+    size = n * BYTES_PER_TOKEN
+    while len(text) > size:
+        start = text.find("\n", len(text) - size) + 1 or len(text) - size  # (no line break: anywhere, bounded)
+        tokens = tok(text[start:])
+        if len(tokens) >= n + MARGIN:
+            return tokens[len(tokens) - n :]
+        size *= 4
+    tokens = tok(text)
+    return tokens[max(len(tokens) - n, 0) :]
+
+
+def first_tokens(tok, text: str, n: int) -> list[int]:
+    """The first n of text's tokens, tokenizing only as much of its start as needed (last_tokens' rule)."""
+    if n <= 0:
+        return []
+    size = n * BYTES_PER_TOKEN
+    while len(text) > size:
+        end = text.rfind("\n", 0, size)
+        tokens = tok(text[: end if end > 0 else size])
+        if len(tokens) >= n + MARGIN:
+            return tokens[:n]
+        size *= 4
+    return tok(text)[:n]

@@ -37,6 +37,8 @@ def generate(
     cfg = resolve(given, pair, config_path, debug=debug)
     prompt_text = _read_prompt(prompt)
     suffix_text = _suffix(suffix)
+    if suffix_text is not None and cfg.system:
+        raise UsageError("--suffix fills in the middle without the chat template: --system has no place in it")
     with opened(cfg, lazy_draft=True) as session:  # the draft model is loaded if and when it drafts
         if suffix_text is None:
             tokens = session.prompt_tokens(prompt_text)
@@ -96,7 +98,9 @@ def _json(session: Session, result: Result, scored: list[Token]) -> dict:
         def one(t: int, lp: float) -> dict:
             return {"id": t, "token": text(t).decode("utf-8", "replace"), "logprob": lp}
 
-        out["logprobs"] = [{**one(t.id, t.logprob), "top": [one(*alt) for alt in t.top]} for t in scored]
+        # (alternatives a grammar rules out have probability 0: -inf, which JSON cannot say; left out)
+        top = [[one(*alt) for alt in t.top if alt[1] != float("-inf")] for t in scored]
+        out["logprobs"] = [{**one(t.id, t.logprob), "top": alts} for t, alts in zip(scored, top)]
     return out
 
 
@@ -144,6 +148,10 @@ def _suffix(value: str | None) -> str | None:
         return None
     if value.startswith("@@"):
         return _text(value[1:], "--suffix")
+    if value == "@":
+        raise UsageError(
+            "--suffix @FILE needs a file's path after the @", hint="--suffix @after.py, or the text itself"
+        )
     if value.startswith("@"):
         return inputs.read_file(value[1:], "--suffix")
     return _text(value, "--suffix")

@@ -289,7 +289,7 @@ def stream(req: Request, rid: str, model: str, items) -> Iterator[tuple[str | No
     carries the role; the last, finish_reason (and, here, usage and the speculative statistics). A stream
     cut by an error (the server stopping) ends with the error object, then "[DONE]"."""
     yield None, chunk(req, rid, model, "", first=True)
-    finished, probs = None, None
+    finished, probs, offset = None, None, 0
     try:
         for item in items:
             if item is WAITING:  # a long prefill: a comment keeps the line alive (OpenRouter's habit)
@@ -299,8 +299,8 @@ def stream(req: Request, rid: str, model: str, items) -> Iterator[tuple[str | No
             elif isinstance(item, Probs):  # the next piece's tokens
                 probs = list(item)
             elif isinstance(item, str):
-                yield None, chunk(req, rid, model, item, probs=probs)
-                probs = None
+                yield None, chunk(req, rid, model, item, probs=probs, offset=offset)
+                probs, offset = None, offset + len(item)
             elif hasattr(item, "stats"):
                 finished = item
             else:
@@ -346,10 +346,11 @@ def usage(stats: Stats, cached: int, predicted: bool = False) -> dict:
     return out
 
 
-def logprobs(req: Request, scored: list) -> dict | None:
+def logprobs(req: Request, scored: list, offset: int = 0) -> dict | None:
     """OpenAI's logprobs for these tokens (None where not asked). Chat: {"content": [{token, logprob, bytes,
-    top_logprobs}]}; a completion, the legacy lists (text_offset: from the answer's start). Alternatives the grammar
-    rules out (probability 0, -inf: not JSON) are left out."""
+    top_logprobs}]}; a completion, the legacy lists (text_offset: from the answer's start, `offset` being where
+    these tokens start; top_logprobs by token text, where two alternatives that read alike keep the likelier).
+    Alternatives the grammar rules out (probability 0, -inf: not JSON) are left out."""
     if req.logprobs is None:
         return None
     if req.kind == "chat":
@@ -362,11 +363,18 @@ def logprobs(req: Request, scored: list) -> dict | None:
             for s in scored
         ]
         return {"content": content}
-    offsets = list(itertools.accumulate((len(s.text) for s in scored[:-1]), initial=0)) if scored else []
+    offsets = list(itertools.accumulate((len(s.text) for s in scored[:-1]), initial=offset)) if scored else []
+    tops = []
+    for s in scored:
+        top: dict[str, float] = {}
+        for _, token, _, lp in s.top:  # best first: setdefault keeps the likelier of two that read alike
+            if lp != -math.inf:
+                top.setdefault(token, lp)
+        tops.append(top)
     return {
         "tokens": [s.text for s in scored],
         "token_logprobs": [s.logprob for s in scored],
-        "top_logprobs": [{t[1]: t[3] for t in s.top if t[3] != -math.inf} for s in scored],
+        "top_logprobs": tops,
         "text_offset": offsets,
     }
 
@@ -412,6 +420,7 @@ def chunk(
     extra: dict | None = None,
     call=None,
     probs: list | None = None,
+    offset: int = 0,
 ) -> dict:
     """One server-sent event of a stream. Chat: the first carries the role; the last, finish_reason
     (and, here, usage and the speculative statistics)."""
@@ -425,7 +434,7 @@ def chunk(
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
     if probs:
-        choice["logprobs"] = logprobs(req, probs)
+        choice["logprobs"] = logprobs(req, probs, offset)
     out = {
         "id": rid,
         "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",

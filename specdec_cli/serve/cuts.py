@@ -3,6 +3,7 @@ the code leaves the block it was in), and each token's log probabilities (Probs,
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -66,3 +67,41 @@ def scored(token, piece) -> Scored:
 
     raw, text = named(token.id)
     return Scored(token.id, text, raw, token.logprob, tuple((t, *named(t)[::-1], lp) for t, lp in token.top))
+
+
+class Text(str):
+    """A piece of the answer's text, and how many generated tokens it completes (a stream's tokens_predicted)."""
+
+    tokens = 1
+
+    @classmethod
+    def of(cls, text: str, tokens: int) -> Text:
+        out = cls(text)
+        out.tokens = tokens
+        return out
+
+
+class Ledger:
+    """Which generated tokens the text released so far covers: a token goes out (counted, its probabilities with
+    it) with the piece that completes its text; a token whose text never goes out (a stop string's, a line cut by
+    n_indent) is neither counted in a piece nor scored, as llama-server leaves a stop word's tokens out."""
+
+    def __init__(self) -> None:
+        self.ends: deque[tuple[int, Scored | None]] = deque()  # each token's text end, in characters, and figures
+        self.made = 0
+        self.released = 0
+
+    def add(self, chars: int, scored: Scored | None) -> None:
+        self.made += chars
+        self.ends.append((self.made, scored))
+
+    def release(self, chars: int) -> tuple[int, list[Scored]]:
+        """(tokens, their figures where scored) that `chars` more characters of released text complete."""
+        self.released += chars
+        count, out = 0, []
+        while self.ends and self.ends[0][0] <= self.released:
+            _, scored = self.ends.popleft()
+            count += 1
+            if scored is not None:
+                out.append(scored)
+        return count, out

@@ -177,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
     def _generate(self, kind: str, body: object, t0: float) -> None:
         service, dialect = self.server.service, DIALECTS[kind]
         req = dialect.parse(kind, body)  # any `model` is answered by the loaded pair (as llama-server does)
-        if req.suffix is not None or dialect is llama:  # an editor's: its newer request supersedes this one
+        if kind == "infill":  # an editor plugin's: its newer request supersedes this one (llama.vim, llama.vscode)
             req.client = f"{self.client_address[0]} {req.slot}"
         tokens = service.tokens(req)
         req.prompt_tokens = len(tokens)
@@ -212,6 +212,7 @@ class Handler(BaseHTTPRequestHandler):
         if service.greedy(req):
             return [{**first, "index": i} for i in range(1, req.n)]
         out, seed = [], req.settings.get("seed")
+        req.client = None  # (its own answers do not supersede one another)
         for i in range(1, req.n):
             if seed is not None:
                 req.settings["seed"] = seed + i

@@ -13,7 +13,10 @@ from __future__ import annotations
 import secrets
 from typing import Any, Iterator
 
+from .. import options
+from ..backend import grammar
 from ..chat import fim
+from ..errors import UsageError
 from . import api, body
 from .body import COMMENT, STARTED, WAITING, ApiError, number, text, typed
 from .cuts import Probs
@@ -50,8 +53,10 @@ def parse(kind: str, value: Any) -> api.Request:
     else:
         req.prompt = api._prompt(value.get("prompt"))
     for name, neutral in NEUTRAL.items():
-        if value.get(name) not in (None, neutral) and not (name == "logit_bias" and value[name] in ({}, [])):
-            raise ApiError(400, f"{name} = {value[name]!r} is not supported by this server", param=name)
+        given = value.get(name)
+        same = given == neutral and isinstance(given, bool) == isinstance(neutral, bool)  # (true is not 1.0 here)
+        if given is not None and not same and not (name == "logit_bias" and given in ({}, [])):
+            raise ApiError(400, f"{name} = {given!r} is not supported by this server", param=name)
     req.stream = bool(typed(value, "stream", bool))
     req.cache_prompt = typed(value, "cache_prompt", bool)
     req.stop = _stop(value.get("stop"))
@@ -64,9 +69,10 @@ def parse(kind: str, value: Any) -> api.Request:
             req.settings[key] = number(value[name], name, integer=key in ("top_k", "seed"))
     if req.settings.get("seed") == -1:  # llama-server's "random"
         del req.settings["seed"]
-    n_probs = value.get("n_probs")
-    if n_probs is not None and number(n_probs, "n_probs", integer=True) > 0:
-        req.logprobs = int(n_probs)
+    n_probs = _int(value, "n_probs", 0)
+    if not 0 <= n_probs <= options.MAX_LOGPROBS:
+        raise ApiError(400, f"n_probs must be 0..{options.MAX_LOGPROBS} (got {n_probs})", param="n_probs")
+    req.logprobs = n_probs or None
     limit = value.get("t_max_predict_ms")  # (t_max_prompt_ms: llama-server reads it, and applies nothing)
     if limit is not None and number(limit, "t_max_predict_ms", integer=False) > 0:
         req.time_limit = float(limit) / 1000
@@ -79,6 +85,10 @@ def parse(kind: str, value: Any) -> api.Request:
         raise ApiError(400, f"n_cmpl must be 1..{MAX_N_CMPL} (1 when streaming)", param="n_cmpl")
     if value.get("grammar") is not None:
         req.settings["gbnf"] = text(typed(value, "grammar", str), "grammar")
+        try:  # now, not after a stream's first line
+            grammar.check(req.settings["gbnf"])
+        except UsageError as e:
+            raise ApiError(400, f"grammar: {e.message}", param="grammar") from None
     elif value.get("json_schema") is not None:
         req.settings["gbnf"] = body.schema_grammar(typed(value, "json_schema", dict), "json_schema")
     return req
@@ -194,7 +204,7 @@ def response(req: api.Request, rid: str, model: str, content: str, finished) -> 
         "model": model,
         "tokens_predicted": s.generated_tokens,
         "tokens_evaluated": s.prompt_tokens,
-        "generation_settings": {k: v for k, v in req.settings.items() if k != "gbnf"},
+        "generation_settings": _settings(req),
         "has_new_line": "\n" in content,
         "truncated": s.stop_reason == "context",
         "stop_type": stop_type(finished),
@@ -206,6 +216,13 @@ def response(req: api.Request, rid: str, model: str, content: str, finished) -> 
     if req.logprobs is not None and not req.stream:
         out["completion_probabilities"] = probabilities(finished.probs)
     return _only(out, req.fields)
+
+
+def _settings(req: api.Request) -> dict:
+    """generation_settings: the request's, by llama-server's names (what it did not set: the server's)."""
+    names = {"max_tokens": "n_predict", **{key: name for name, key in SETTINGS.items()}}
+    out = {names[k]: v for k, v in req.settings.items() if k in names}
+    return out | {"n_probs": req.logprobs or 0, "stop": req.stop, "n_indent": req.indent}
 
 
 def _only(out: dict, fields: list[str] | None) -> dict:
@@ -228,7 +245,7 @@ _MISSING = object()
 def stream(req: api.Request, rid: str, model: str, items) -> Iterator[tuple[str | None, dict | str]]:
     """`data:` lines: one per piece ({content, stop: false, ...}, its tokens' probabilities where asked), then
     the whole response with empty content and stop: true. No [DONE]; an error after the start as {"error"}."""
-    finished, n, probs = None, 0, []
+    finished, n, probs, newline = None, 0, [], False
     try:
         for item in items:
             if item is WAITING:
@@ -238,7 +255,7 @@ def stream(req: api.Request, rid: str, model: str, items) -> Iterator[tuple[str 
             elif isinstance(item, Probs):
                 probs = list(item)
             elif isinstance(item, str):
-                n += 1
+                n, newline = n + getattr(item, "tokens", 1), newline or "\n" in item
                 chunk = {"index": 0, "content": item, "tokens": [], "stop": False, "id_slot": max(req.slot, 0)}
                 chunk |= {"tokens_predicted": n, "tokens_evaluated": req.prompt_tokens}
                 if probs:
@@ -250,7 +267,10 @@ def stream(req: api.Request, rid: str, model: str, items) -> Iterator[tuple[str 
         yield None, error(e)
         return
     if finished is not None:
-        yield None, response(req, rid, model, "", finished)
+        last = response(req, rid, model, "", finished)
+        if "has_new_line" in last:  # (of what the stream sent: this line's content is empty)
+            last["has_new_line"] = newline
+        yield None, last
 
 
 def error(e: ApiError) -> dict:

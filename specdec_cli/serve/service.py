@@ -22,7 +22,7 @@ from ..session import PromptTooLong, Session
 from ..signals import INTERRUPTS
 from . import body, cuts
 from .body import STARTED, WAITING
-from .cuts import Indent, Probs, Scored
+from .cuts import Indent, Ledger, Probs, Scored, Text
 from .api import ApiError, Request, StopText, api_name, completion, finish_reason, new_id
 
 
@@ -71,7 +71,8 @@ class Gate:
         self._seconds = 1.0  # a running mean of how long a generation holds the gate: for Retry-After
 
     @contextmanager
-    def turn(self) -> Iterator[None]:
+    def turn(self, admitted: Callable[[], None] = lambda: None) -> Iterator[None]:
+        """The generation's turn; `admitted` runs once the request has a place (not refused with 503)."""
         with self._cond:
             if self._busy and self._waiting >= self.queue:
                 raise ApiError(
@@ -80,6 +81,7 @@ class Gate:
                     code="queue_full",
                     retry_after=self._retry_after(),
                 )
+            admitted()
             self._waiting += 1
             try:
                 while self._busy and not self.closing:
@@ -117,8 +119,7 @@ class Service:
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._submitting = threading.Lock()  # a job is handed over, or refused once `work` has ended: never lost
         self._closed = False
-        self._latest: dict[str, int] = {}  # client -> its newest request's number (_arrived)
-        self._count = 0
+        self._latest: dict[str, object] = {}  # client -> its newest request (Newest)
 
     def check_model(self, name: str | None) -> None:
         """GET /v1/models/NAME: only the served names exist. A generation's `model` may name anything (a
@@ -145,13 +146,9 @@ class Service:
                     messages = [chat.Message("system", s.cfg.system), *messages]
                 return s.prompt_tokens(messages=messages, tools=req.tools)
             if req.suffix is not None:
-                if fim.missing(s.target):  # llama-server's status for it: 501
-                    raise ApiError(
-                        501 if req.kind == "infill" else 400,
-                        f"{s.target.name} cannot fill in the middle: it has no "
-                        f"{', '.join(fim.missing(s.target))} token (FIM)",
-                        param="suffix",
-                    )
+                why = fim.refusal(s.target)
+                if why:  # llama-server's status for /infill: 501
+                    raise ApiError(501 if req.kind == "infill" else 400, why, param="suffix")
                 return s.infill_tokens(req.prompt, req.suffix, req.extra, req.continued)
             return s.prompt_tokens(req.prompt, chat=req.template)
         except UsageError as e:
@@ -213,8 +210,8 @@ class Service:
         (Claude Code and Codex CLI, which then send the request again), and on this CPU an agent's first prompt
         takes longer to prefill."""
         changes = self.overrides(req)
-        newer = self._arrived(req.client)
-        with self.gate.turn():
+        newer = Newest(self._latest, req.client)
+        with self.gate.turn(newer.arrive):
             job = Job(lambda cancelled: self._generate(req, tokens, changes, lambda: gone() or cancelled(), newer))
             self._submit(job)
             try:
@@ -234,20 +231,6 @@ class Service:
             finally:
                 job.cancel.set()
                 job.done.wait()  # the gate opens only once the engine has let go of the caches
-
-    def _arrived(self, client: str | None) -> Callable[[], bool]:
-        """A request from `client` (None: anonymous) has come: the one before it from there, running or waiting,
-        is superseded (an editor asks again at every keystroke; only the newest answer is shown). Whether a
-        newer one has come since this one."""
-        if client is None:
-            return lambda: False
-        with self._submitting:
-            self._count += 1
-            self._latest.pop(client, None)  # (re-inserted last: the dict keeps its newest clients, at most 256)
-            mine = self._latest[client] = self._count
-            if len(self._latest) > 256:
-                del self._latest[next(iter(self._latest))]
-        return lambda: self._latest.get(client) != mine
 
     def answer(self, req: Request) -> dict:
         """The whole response `run` would give, generated on the calling thread, with no queue (a batch)."""
@@ -320,24 +303,35 @@ class Service:
             prediction=req.prediction,
             **changes,
         )
-        fold, cut, indent = Fold(), StopText(req.stop), Indent(req.indent)
+        fold, cut, indent, ledger = Fold(), StopText(req.stop), Indent(req.indent), Ledger()
         fmt = self.call_format(req)
         reader = calls.Reader(fmt) if fmt is not None else None
-        scored, pending, started, late, superseded = [], [], None, False, False
+        scored, started, late, superseded = [], None, False, False
+
+        def release(piece: str) -> Iterator[str | calls.Piece | Probs]:
+            """Text that goes out, after the probabilities of the tokens it completes (a stop string's, or a
+            line's cut by n_indent, never go out), as Text that knows how many tokens it completes."""
+            count, probs = ledger.release(len(piece))
+            if probs:
+                scored.extend(probs)
+                yield Probs(probs)
+            yield from _read(reader, Text.of(piece, count))
+
         try:
             for event in events:
                 fold.add(event)
                 if isinstance(event, Token):
-                    if req.logprobs is not None:
-                        pending.append(cuts.scored(event, self.session.target.piece))
+                    probs = cuts.scored(event, self.session.target.piece) if req.logprobs is not None else None
+                    ledger.add(len(event.text), probs)
                     piece = indent.push(cut.push(event.text))
-                    if piece:
-                        if pending:
-                            yield Probs(pending)
-                            scored, pending = scored + pending, []
-                        yield from _read(reader, piece)
                     # llama-server's t_max_predict_ms: a line that ends past the time limit ends the text
                     late = req.time_limit is not None and "\n" in event.text and time.perf_counter() > started
+                    if late and not cut.hit:  # what a stop string might have become is text after all
+                        piece += indent.push(cut.flush())
+                    if cut.hit or late:  # (an indentation the line's next character would have judged: kept)
+                        piece += indent.flush()
+                    if piece:
+                        yield from release(piece)
                     if cut.hit or indent.hit or late:
                         break
                 elif isinstance(event, Prefilled):
@@ -346,7 +340,7 @@ class Service:
                     piece = cut.push(event.tail) + ("" if cut.hit else cut.flush())
                     piece = indent.push(piece) + indent.flush()
                     if piece:
-                        yield from _read(reader, piece)
+                        yield from release(piece)
                 elif isinstance(event, Round):  # once a verification, not a token: a select costs a syscall
                     if self.gate.closing:
                         raise shutting_down(": generation stopped")
@@ -381,6 +375,26 @@ def _read(reader: calls.Reader | None, text: str) -> Iterator[str | calls.Piece]
 
 
 _END = object()
+MAX_CLIENTS = 256  # the clients whose newest request is remembered (the least recent forgotten)
+
+
+class Newest:
+    """Whether a newer request from the same client has come since this one (an editor asks again at every
+    keystroke, and only the newest answer is shown): then this one, waiting or running, is superseded. Called, it
+    says so; `arrive`, when the request has its place in the queue (under the gate's lock), makes it the newest."""
+
+    def __init__(self, latest: dict[str, object], client: str | None):
+        self.latest, self.client = latest, client
+
+    def arrive(self) -> None:
+        if self.client is not None:
+            self.latest.pop(self.client, None)  # (re-inserted last: the least recent client is the first key)
+            self.latest[self.client] = self
+            if len(self.latest) > MAX_CLIENTS:
+                del self.latest[next(iter(self.latest))]
+
+    def __call__(self) -> bool:  # a forgotten client's request is not superseded
+        return self.client is not None and self.latest.get(self.client, self) is not self
 
 
 class Job:
