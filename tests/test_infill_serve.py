@@ -87,6 +87,28 @@ def sse(data: bytes) -> list:
     return out
 
 
+def streaming(server, path: str, body: dict) -> tuple[threading.Thread, dict]:
+    """A stream read on a thread of its own, returned once its first piece has come; `got` gets its status and
+    its events when it ends."""
+    started, got = threading.Event(), {}
+
+    def read():
+        conn = http.client.HTTPConnection(server.host, int(server.port), timeout=60)
+        conn.request("POST", path, json.dumps(body).encode())
+        r, lines = conn.getresponse(), []
+        got["status"] = r.status
+        while line := r.readline():
+            lines.append(line)
+            started.set()
+        got["events"] = sse(b"".join(lines))
+        conn.close()
+
+    t = threading.Thread(target=read)
+    t.start()
+    assert started.wait(60)
+    return t, got
+
+
 def test_llama_vims_request_gets_its_fields_in_compact_json(server, layout):
     status, _, data = server.raw("POST", "/infill", json.dumps(vim_body()).encode(), {"Authorization": "Bearer "})
     assert status == 200 and b'"content":"' in data and b"\n" not in data  # llama.vim's check of the raw text
@@ -154,22 +176,7 @@ def test_a_newer_request_from_the_same_client_supersedes_the_one_in_progress(ser
     """The older stream (a grammar with no end: it would fill the context) ends cleanly, stop_type "none"."""
     endless = "root ::= [a-z] root"
     first = vim_body(response_fields=None, n_predict=-1, t_max_predict_ms=None, stream=True, grammar=endless)
-    started, got = threading.Event(), {}
-
-    def older():
-        conn = http.client.HTTPConnection(server.host, int(server.port), timeout=60)
-        conn.request("POST", "/infill", json.dumps(first).encode())
-        r, lines = conn.getresponse(), []
-        got["status"] = r.status
-        while line := r.readline():
-            lines.append(line)
-            started.set()
-        got["events"] = sse(b"".join(lines))
-        conn.close()
-
-    t = threading.Thread(target=older)
-    t.start()
-    assert started.wait(60)
+    t, got = streaming(server, "/infill", first)
     status, _, newer = server.post("/infill", vim_body(response_fields=None, n_predict=4))
     t.join(60)
     assert status == 200 and newer["tokens_predicted"] >= 1
@@ -277,22 +284,9 @@ def test_only_an_infill_from_the_same_client_and_slot_supersedes(server):
     """/completion and OpenAI's completions never cancel one another; a request refused (503) or from a client the
     server has forgotten supersedes nothing."""
     endless = "root ::= [a-z] root"
-    first = {"prompt": PREFIX, "n_predict": -1, "grammar": endless, "stream": True, "id_slot": 0}
-    started, got = threading.Event(), {}
-
-    def older():
-        conn = http.client.HTTPConnection(server.host, int(server.port), timeout=60)
-        conn.request("POST", "/completion", json.dumps(first).encode())
-        r, lines = conn.getresponse(), []
-        while line := r.readline():
-            lines.append(line)
-            started.set()
-        got["events"] = sse(b"".join(lines))
-        conn.close()
-
-    t = threading.Thread(target=older)
-    t.start()
-    assert started.wait(60)
+    first = {"prompt": PREFIX, "n_predict": 600, "grammar": endless, "stream": True, "id_slot": 0}
+    t, got = streaming(server, "/completion", first)
     status, _, newer = server.post("/completion", {"prompt": PREFIX, "n_predict": 2, "id_slot": 0})
     t.join(60)
-    assert status == 200 and got["events"][-1]["stop_type"] == "limit"  # it ran to the context's end
+    last = got["events"][-1]
+    assert status == 200 and last["stop_type"] == "limit" and last["tokens_predicted"] == 600  # it ran to its end

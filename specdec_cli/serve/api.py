@@ -20,7 +20,7 @@ from ..backend import grammar
 from ..chat import Message, Tools
 from ..engine.stats import Stats
 from . import body, chat
-from .cuts import Probs
+from .cuts import Probs, StopText  # noqa: F401 (StopText: re-exported)
 from .body import COMMENT, STARTED, WAITING, ApiError, decode, json_type, number, text, typed  # noqa: F401 (ApiError, decode: re-exported)
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
@@ -240,35 +240,6 @@ def _stop(value: Any) -> list[str]:
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
         raise ApiError(400, f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
     return [text(stop, "stop") for stop in stops]
-
-
-class StopText:
-    """Cuts the text at the first stop sequence. Holds back the text that might still become one, so
-    that a stream never sends a part of a stop sequence."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.text = ""  # not yet released
-        self.hit: str | None = None  # the stop sequence that ended the text
-
-    def push(self, piece: str) -> str:
-        """What may be released now."""
-        self.text += piece
-        found = [(i, s) for i, s in ((self.text.find(s), s) for s in self.stops) if i >= 0]
-        if found:
-            cut, self.hit = min(found, key=lambda f: f[0])
-            out, self.text = self.text[:cut], ""
-            return out
-        keep = len(self.text) - self.hold
-        if keep <= 0:
-            return ""
-        out, self.text = self.text[:keep], self.text[keep:]
-        return out
-
-    def flush(self) -> str:
-        out, self.text = self.text, ""
-        return out
 
 
 def finish_reason(stop_reason: str | None, hit_stop: str | None) -> str:

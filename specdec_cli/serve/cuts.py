@@ -1,10 +1,40 @@
-"""What an editor's completion adds to a generation's text: llama-server's n_indent rule (a completion ends where
-the code leaves the block it was in), and each token's log probabilities (Probs, before the text they make)."""
+"""Where a generation's text is cut, and what goes out with it: stop strings (StopText), llama-server's n_indent rule
+(a completion ends where the code leaves the block it was in), and each token's log probabilities (Probs, before the
+text that completes them: Ledger)."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+
+
+class StopText:
+    """Cuts the text at the first stop sequence. Holds back the text that might still become one, so
+    that a stream never sends a part of a stop sequence."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.text = ""  # not yet released
+        self.hit: str | None = None  # the stop sequence that ended the text
+
+    def push(self, piece: str) -> str:
+        """What may be released now."""
+        self.text += piece
+        found = [(i, s) for i, s in ((self.text.find(s), s) for s in self.stops) if i >= 0]
+        if found:
+            cut, self.hit = min(found, key=lambda f: f[0])
+            out, self.text = self.text[:cut], ""
+            return out
+        keep = len(self.text) - self.hold
+        if keep <= 0:
+            return ""
+        out, self.text = self.text[:keep], self.text[keep:]
+        return out
+
+    def flush(self) -> str:
+        out, self.text = self.text, ""
+        return out
 
 
 class Indent:
