@@ -101,6 +101,9 @@ def main() -> int:
                 f"  {'same' if texts['none'] == texts['auto'] else 'DIFFERENT'}",
                 flush=True,
             )
+        if not rows:  # --cases 0: the keystroke case alone
+            keystroke(s, args.files, args.seed, args.n)
+            return 0
         geo = [statistics.geometric_mean(col) for col in zip(*rows)]
         med = [statistics.median(col) for col in zip(*rows)]
         print(
@@ -112,8 +115,8 @@ def main() -> int:
 
 
 def keystroke(s, files: str, seed: int, n: int) -> None:
-    """llama.vim's request after a keystroke: the prefix's last 1,536 tokens (its default sends 256 lines), the next
-    64 lines as the suffix (its n_suffix), 20 characters typed at the prefix's end. Cold, then warm: prompt tokens
+    """llama.vim's request after a keystroke: a prefix of about 1,500 tokens, the next 64 lines as the suffix (its
+    n_suffix), 20 characters typed at the prefix's end. Cold, then warm: prompt tokens
     evaluated and time to first token, target-only; then the same with four other files (llama.vim's ring buffer of
     chunks, sent as input_extra), which a warm request does not evaluate again."""
     rng = random.Random(seed)
@@ -122,7 +125,13 @@ def keystroke(s, files: str, seed: int, n: int) -> None:
         if len(lines) > 600:
             break
     at = rng.randrange(300, len(lines) - 100)
-    prefix, suffix = "".join(lines[:at]), "".join(lines[at : at + 64])
+    suffix = "".join(lines[at : at + 64])
+    # A prefix of about 1,500 tokens (under the 1,536 the layout keeps: a longer one slides at every keystroke, and
+    # all of it is evaluated again, in llama-server too, unless its --cache-reuse shifts the cached cells)
+    start = at
+    while start > 0 and len(s.target.tokenize("".join(lines[start - 1 : at]), special=False)) < 1500:
+        start -= 1
+    prefix = "".join(lines[start:at])
     others = [f for f in sorted(glob.glob(files, recursive=True)) if Path(f).stat().st_size > 8000]
     extra = [fim.Extra(Path(f).name, Path(f).read_text(errors="replace")[:6000]) for f in rng.sample(others, 4)]
     for label, chunks in (("no other files", []), ("4 other files", extra)):
