@@ -36,7 +36,7 @@ class SlowService(Service):
     def overrides(self, req) -> dict:
         return {}
 
-    def _generate(self, req, tokens, changes, stop):
+    def _generate(self, req, tokens, changes, stop, newer=lambda: False):
         time.sleep(PREFILL)
         yield "Hi"
         yield Finished(Stats(prompt_tokens=3, generated_tokens=1, stop_reason="eos"), 0, "stop")
@@ -77,10 +77,10 @@ def test_a_messages_stream_pings_while_its_prompt_prefills(slow_server):
     body = {"model": "m", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     lines = raw_stream(slow_server, "/v1/messages", body)
     events = [(t, line[len(b"event: ") :]) for t, line in lines if line.startswith(b"event: ")]
-    first_text = next(t for t, line in lines if b'"text": "Hi"' in line)
+    first_text = next(t for t, line in lines if b'"text":"Hi"' in line)
     assert events[0][1] == b"message_start" and events[0][0] < PREFILL / 2  # at once, not after the prefill
     pings = [t for t, name in events if name == b"ping" and t < first_text]
-    empty = [t for t, line in lines if b'"text_delta", "text": ""' in line]
+    empty = [t for t, line in lines if b'"text_delta","text":""' in line]
     assert len(pings) >= 4 and len(empty) >= 3  # every KEEP_ALIVE (0.1 s) of the 0.6 s prefill
     client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{slow_server}", api_key="none", max_retries=0)
     with client.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as s:
