@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from .backend import grammar
+from .backend import grammar, mtp
 from .errors import SpecdecError, UsageError
 from .inputs import read_file
 from .outputs import kind_name
@@ -180,6 +180,8 @@ def _draft(merged: dict, on_command_line: bool, target: Path, model_dirs: tuple[
         }
     if drafter in DRAFTERS and not DRAFTERS[drafter].uses_model:
         return {"draft": None}
+    if ref is None and mtp.heads_in_header(target) and mtp.missing() is None:  # its own heads draft cheapest
+        return {"draft": None, "draft_choice": "the target's own MTP heads"} | ({} if drafter else {"drafter": "auto"})
     entry, why = pairing.for_target(target, model_dirs)
     out = {"draft": entry.path if entry else None, "draft_chosen_by": "auto" if entry else None, "draft_choice": why}
     return out | ({"drafter": "auto"} if drafter is None else {})  # no draft model: auto drafts by lookup

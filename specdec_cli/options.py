@@ -118,11 +118,12 @@ class RunConfig:
             (lambda v: v == 0 or v >= MIN_WINDOW, f"must be 0 (the whole text) or at least {MIN_WINDOW} (got {{v}})"),
         ),
     )
-    p_min: float = option(
+    p_min: float = option(  # unset (...): the drafter's own (Kind.p_min)
         "--p-min",
         type=float,
-        default=0.0,
-        help="Draft model: stop drafting when its probability for its own token is below this [0: off].",
+        default=...,
+        help="Draft model or heads: stop drafting when its probability for its own token is below this "
+        "[0: off; mtp: 0.6].",
         config=(int, float),
         checks=(finite(), within(0, 1, "[0, 1]", "; 0 turns it off")),
     )
@@ -318,6 +319,8 @@ class RunConfig:
             derive(self, "draft_chosen_by", None)
         if self.draft_tokens is ...:
             derive(self, "draft_tokens", kind.k)
+        if self.p_min is ...:
+            derive(self, "p_min", kind.p_min)
         if self.threads == 0:
             derive(self, "threads", default_threads())
         for o in OPTIONS:

@@ -12,12 +12,13 @@ from typing import Iterator
 import llama_cpp
 
 from . import chat as chat_, drafting
-from .backend import cpu, rpc, vocab
+from .backend import cpu, gguf_file, mtp, rpc, vocab
 from .backend.context import Context
 from .backend.grammar import Grammar
 from .backend.native import Model
 from .drafting import cache as lookup_cache
-from .drafting import cost, curves, measure
+from .drafting import NEEDS, NEVER, cost, curves, measure
+from .drafting.mtp import HeadCache
 from .drafting.corpus import Corpus
 from .engine import kv
 from .chat import fim
@@ -58,8 +59,13 @@ class Session:
         self.where = f"rpc {rpc.label(servers)}" if servers else "local"
         self._local = rpc.local_gpus() if servers or rpc.in_use() else None
         target_devices = rpc.devices(servers) + self._local if servers else self._local
+        # The target's own draft heads (MTP), loaded where it has them (a run, a request, a bench row may draft
+        # with them; their weights are a layer's or two, and a run that does not use them never runs them).
+        self.mtp_layers = mtp.heads_in_header(gguf_file.check(cfg.target))
+        heads = self.mtp_layers > 0 and mtp.missing() is None
         # Exact mode changes how the target computes; the draft's numerics never change the output.
-        self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, devices=target_devices))
+        self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, devices=target_devices, heads=heads))
+        self._heads: HeadCache | None = None  # opened at the first run that drafts with them (`heads`)
         self.warnings: list[str] = []  # for the command to show, once
         self.drafter = self._speculation(cfg)  # the drafter, plain decoding where the target cannot roll back
         self.speculates = not drafting.kind(self.drafter).plain
@@ -121,6 +127,12 @@ class Session:
                 "--drafter none at near-ties"
             )
         self.load_seconds = time.perf_counter() - t0
+
+    def heads(self) -> HeadCache:
+        """The target's MTP heads beside its context, opened on first use."""
+        if self._heads is None:
+            self._heads = HeadCache(self._stack.enter_context(mtp.Heads(self.target_ctx, self.cfg.threads)))
+        return self._heads
 
     @property
     def has_draft(self) -> bool:
@@ -188,6 +200,8 @@ class Session:
         """`drafter` where the target can roll back; elsewhere plain decoding for a drafter that falls back to
         it (auto), and an error for the others."""
         kind = drafting.kind(drafter)
+        if kind.heads == NEEDS:
+            self._check_heads(drafter)
         problem = not kind.plain and self.target.rollback_problem()
         if problem and not kind.falls_back:
             plain = drafting.plain()
@@ -198,6 +212,21 @@ class Session:
                 + ")",
             )
         return drafting.plain() if problem else drafter
+
+    def _check_heads(self, drafter: str) -> None:
+        """--drafter mtp: refused, in one line, where the target has no heads or this llama-cpp-python cannot
+        reach them (auto then simply drafts without them)."""
+        lacks = mtp.missing()
+        if not self.mtp_layers:
+            raise UsageError(
+                f"--drafter {drafter}: {self.target.name} has no MTP (NextN) draft heads",
+                hint="`specdec models info` shows mtp_layers; use --drafter auto or lookup, or a --draft model",
+            )
+        if lacks:
+            raise UsageError(
+                f"--drafter {drafter}: this llama-cpp-python lacks {lacks}, which drafting with MTP heads needs",
+                hint="install llama-cpp-python 0.3.36 or later (README, Install), or use --drafter auto",
+            )
 
     @property
     def uses_chat(self) -> bool:
@@ -312,6 +341,9 @@ class Session:
         # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
         grammar = Grammar(self.target, run.gbnf, trigger) if run.gbnf else None
         draft = (lambda: self.kept.take(self.draft_context(), tokens, reuse)) if self._draft_file else None
+        if self._heads is not None:  # the target's decodes feed the heads only in runs that draft with them
+            self._heads.heads.detach()
+        heads = self.heads if self.target.heads and drafting.kind(name).heads != NEVER else None
         tokenize = functools.partial(self.target.tokenize, special=False)  # as the answer's text tokenizes
         predicted = tuple(tokenize(prediction)) if prediction is not None else None
         drafter = drafting.build(
@@ -321,6 +353,8 @@ class Session:
                 costs=functools.partial(self.curve.get, tokens),
                 draft=draft,
                 draft_loaded=lambda: self.draft_ctx is not None,
+                heads=heads,
+                is_eog=self.target.is_eog,
                 p_min=run.p_min,
                 branches=run.branches,
                 p_split=run.p_split,

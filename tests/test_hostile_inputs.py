@@ -473,8 +473,9 @@ def test_a_config_drafter_that_does_not_exist_names_the_file_and_key(capsys, mod
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[pairs.x]\ntarget = "{models["target"]}"\ndrafter = "bogus"\n')
     code, _, err = specdec(capsys, "generate", "hi", "--config", str(cfg), "--pair", "x")
-    assert code == 1 and f"config {cfg}: pairs.x.drafter: must be one of auto, model, lookup, none" in one_line_error(
-        err
+    assert (
+        code == 1
+        and f"config {cfg}: pairs.x.drafter: must be one of auto, model, mtp, lookup, none" in one_line_error(err)
     )
 
 

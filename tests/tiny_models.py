@@ -280,7 +280,10 @@ def write_qwen35(
     path: Path, weights: dict[str, np.ndarray], tokens: list[str], context_length: int = N_CTX_TRAIN
 ) -> Path:  # fmt: skip
     """A hybrid whose recurrent layers keep a DeltaNet matrix state per head: large snapshots."""
-    w = start(path, "qwen35", context_length, QWEN35_LAYERS, N_HEAD_KV)
+    heads = any(k.startswith(f"blk.{QWEN35_LAYERS}.") for k in weights)  # a NextN block (qwen35_head)
+    w = start(path, "qwen35", context_length, QWEN35_LAYERS + heads, N_HEAD_KV)
+    if heads:
+        w.add_nextn_predict_layers(1)
     w.add_key_length(QWEN35_HEAD_DIM)
     w.add_value_length(QWEN35_HEAD_DIM)
     w.add_rope_dimension_count(QWEN35_ROPE_DIM)
@@ -296,6 +299,98 @@ def write_qwen35(
     w.add_file_type(0)
     _add_byte_tokenizer(w, tokens)
     return finish(w, weights, path)
+
+
+# Multi-token prediction (NextN) heads, appended after the trunk as blocks n_layer.. (llama.cpp's layout). A
+# head reads (the token at p, the target's hidden state at p - 1) and predicts the token at p + 1. A trained head
+# agrees with its target most of the time; a random one never would. So the fixtures' targets lean on one
+# layer (the others add little: `quiet`), their embeddings have unit RMS (the head's input norm keeps them as
+# they are), and each head is that layer again, a little perturbed: given the token, it computes about what
+# the target computes, and guesses its next token about as often as a noisy draft model does. `mirror` heads
+# instead pass the hidden state alone through a block that adds nothing: they repeat the target's prediction
+# at p - 1, which is the token at p (a check that the hidden states reach the head at the right positions).
+MIMO2_LAYERS = 2
+MIMO2_SWA = [False, True]  # the trunk's layers: full attention, then a sliding window (the heads: full)
+MIMO2_WINDOW = 4096
+MTP_NOISE = 0.05  # a head's perturbation of the layer it copies (relative, as add_noise)
+
+
+def unit_rms(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    e = weights["token_embd.weight"]
+    return weights | {"token_embd.weight": (e / np.sqrt((e**2).mean(axis=1, keepdims=True))).astype(np.float32)}
+
+
+def quiet(weights: dict[str, np.ndarray], layers: list[int], factor: float = 0.1) -> dict[str, np.ndarray]:
+    """Scale down what these layers add to the residual stream (their output projections)."""
+    outs = ("ffn_down.weight", "attn_output.weight", "ssm_out.weight")
+    return {k: v * factor if k.startswith("blk.") and int(k.split(".")[1]) in layers and k.endswith(outs) else v
+            for k, v in weights.items()}  # fmt: skip
+
+
+def mtp_heads(weights: dict[str, np.ndarray], copy: int, first: int, n: int, seed: int, mirror: bool = False):
+    """n NextN blocks from block `first` on, each block `copy` perturbed (mirror: see above), with the head's
+    projection over [the token's normed embedding, the normed hidden state] and its norms."""
+    rng = np.random.default_rng(seed)
+    eye, zero = np.eye(N_EMBD, dtype=np.float32), np.zeros((N_EMBD, N_EMBD), np.float32)
+    heads = {}
+    for i in range(first, first + n):
+        for k, v in weights.items():
+            if k.startswith(f"blk.{copy}."):
+                noisy = (
+                    v + (rng.standard_normal(v.shape) * MTP_NOISE * v.std()).astype(np.float32) if v.ndim == 2 else v
+                )
+                heads[f"blk.{i}." + k.split(".", 2)[2]] = noisy * 0 if mirror and v.ndim == 2 else noisy
+        heads |= {
+            f"blk.{i}.nextn.eh_proj.weight": np.concatenate([zero, eye] if mirror else [eye, zero], axis=1),
+            f"blk.{i}.nextn.enorm.weight": np.ones(N_EMBD, np.float32),
+            f"blk.{i}.nextn.hnorm.weight": np.ones(N_EMBD, np.float32),
+        }
+    return heads
+
+
+def mimo2_weights(seed: int, n_vocab: int, heads: int = 2, mirror: bool = False) -> dict[str, np.ndarray]:
+    """MiMo-V2: attention (fused QKV) with dense SwiGLU FFNs, then `heads` NextN blocks (chained)."""
+    w, one, head_dim = _randn(seed), lambda n: np.ones(n, np.float32), N_EMBD // N_HEAD
+    t = {
+        "token_embd.weight": w(n_vocab, N_EMBD, scale=1.0),
+        "output_norm.weight": one(N_EMBD),
+        "output.weight": w(n_vocab, N_EMBD, scale=0.6),  # peaked distributions, as in random_weights
+    }
+    for i in range(MIMO2_LAYERS):
+        t |= {
+            f"blk.{i}.attn_norm.weight": one(N_EMBD),
+            f"blk.{i}.attn_qkv.weight": w(N_EMBD + 2 * N_HEAD_KV * head_dim, N_EMBD, scale=0.15),
+            f"blk.{i}.attn_output.weight": w(N_EMBD, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_norm.weight": one(N_EMBD),
+            f"blk.{i}.ffn_gate.weight": w(N_FF, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_up.weight": w(N_FF, N_EMBD, scale=0.15),
+            f"blk.{i}.ffn_down.weight": w(N_EMBD, N_FF, scale=0.15),
+        }
+    t = quiet(unit_rms(t), [1])
+    return t | mtp_heads(t, 0, MIMO2_LAYERS, heads, seed + 1, mirror)
+
+
+def write_mimo2(path: Path, weights: dict[str, np.ndarray], tokens: list[str]) -> Path:
+    """Attention only, with as many NextN heads as `weights` has blocks past the trunk's."""
+    blocks = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("blk."))
+    w = start(path, "mimo2", N_CTX_TRAIN, blocks, N_HEAD_KV)
+    w.add_nextn_predict_layers(blocks - MIMO2_LAYERS)
+    w.add_expert_feed_forward_length(N_FF)
+    w.add_sliding_window(MIMO2_WINDOW)
+    w.add_sliding_window_pattern(MIMO2_SWA + [False] * (blocks - MIMO2_LAYERS))
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)
+    _add_byte_tokenizer(w, tokens)
+    return finish(w, weights, path)
+
+
+def qwen35_mtp_weights(seed: int, n_vocab: int, mirror: bool = False) -> dict[str, np.ndarray]:
+    """Qwen3.5 with its NextN block (block QWEN35_LAYERS): a copy of its full-attention layer, the DeltaNet ones
+    quiet (they still carry the recurrent state that a rejected draft must be rolled out of)."""
+    attention = [i for i in range(QWEN35_LAYERS) if not qwen35_is_recurrent(i)][0]
+    t = quiet(unit_rms(qwen35_weights(seed, n_vocab)), [i for i in range(QWEN35_LAYERS) if i != attention])
+    return t | mtp_heads(t, attention, QWEN35_LAYERS, 1, seed + 1, mirror)
 
 
 def finish(w: GGUFWriter, weights: dict[str, np.ndarray], path: Path) -> Path:
@@ -354,7 +449,8 @@ def write_fixture_set(folder: Path) -> dict[str, Path]:
     short_ctx (target weights, trained for 1,024 tokens: -c is bounded by it);
     hostile drafts: nan_draft (every logit NaN), extra_vocab (proposes ids the target lacks);
     hybrids that roll back through recurrent snapshots, each with its own noisy draft and identical
-    copy: lfm2, lfm2_draft, lfm2_same (short conv) and qwen35, qwen35_draft, qwen35_same (DeltaNet)."""
+    copy: lfm2, lfm2_draft, lfm2_same (short conv) and qwen35, qwen35_draft, qwen35_same (DeltaNet); models with
+    MTP heads: mtp (mimo2, two chained heads), mtp_one (one head), qwen35_mtp (the hybrid's), mtp_mirror."""
     vocab = byte_vocab()
     base = random_weights(seed=1234, n_vocab=len(vocab))
     noisy = add_noise(base, seed=99, rel=0.02)
@@ -378,4 +474,11 @@ def write_fixture_set(folder: Path) -> dict[str, Path]:
         # rel=0.02 here too: the draft's greedy choice is the target's about 80% of the time
         paths[f"{arch}_draft"] = write(folder / f"{arch}_draft.gguf", add_noise(hybrid, seed=99, rel=0.02), vocab)
         paths[f"{arch}_same"] = write(folder / f"{arch}_same.gguf", hybrid, vocab)
+    # MTP (NextN) heads: attention only with two chained heads and with one; the DeltaNet hybrid with its one;
+    # a mirror head (it repeats the target's last prediction: the hidden states' positions made visible)
+    paths["mtp"] = write_mimo2(folder / "mtp.gguf", mimo2_weights(1234, len(vocab), heads=2), vocab)
+    paths["mtp_one"] = write_mimo2(folder / "mtp_one.gguf", mimo2_weights(1234, len(vocab), heads=1), vocab)
+    paths["qwen35_mtp"] = write_qwen35(folder / "qwen35_mtp.gguf", qwen35_mtp_weights(1234, len(vocab)), vocab)
+    mirror = mimo2_weights(1234, len(vocab), heads=1, mirror=True)
+    paths["mtp_mirror"] = write_mimo2(folder / "mtp_mirror.gguf", mirror, vocab)
     return paths

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -117,6 +117,9 @@ class Context:
         # Exact mode: backends that are not the CPU, whose kernels are their own (README: Exact output).
         self.other_backends = self._reference.others if self._reference else 0
         self.decode_seconds = 0.0  # time inside llama_decode, to tell model cost from our overhead
+        # Called after every decode with its output rows' positions and sequences (mtp.Heads: it reads their
+        # hidden states); None: nothing listens.
+        self.tap: Callable[[list[int], list[tuple[int, ...]]], None] | None = None
 
     def close(self) -> None:
         if self._ptr:
@@ -162,6 +165,7 @@ class Context:
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
         first_out = min(max(first_out, 0), n - 1)
+        out_pos, out_seqs = pos[first_out:], seqs[first_out:]
         twin = self._twin_seq is not None and first_out == n - 1
         if twin:  # one output row: its twin makes the output matmul (and a lone token's every one) two wide
             tokens, pos, seqs = [*tokens, tokens[-1]], [*pos, pos[-1]], [*seqs, (self._twin_seq,)]
@@ -176,6 +180,8 @@ class Context:
         if rc != 0:
             why = {1: "no free slot in the KV cache (context full)", 2: "aborted"}.get(rc, f"code {rc}")
             raise SpecdecError(f"llama_decode failed on {self.model.name}: {why}")
+        if self.tap is not None:
+            self.tap(out_pos, out_seqs)
         ptr = L.llama_get_logits(self._ptr)
         return np.ctypeslib.as_array(ptr, shape=(n - first_out, self.n_vocab))
 

@@ -136,16 +136,26 @@ class Model:
     batches of four and more, which sum in different orders."""
 
     def __init__(
-        self, path: str | Path, *, exact: bool = False, devices: list[int] | None = None, vocab_only: bool = False
+        self,
+        path: str | Path,
+        *,
+        exact: bool = False,
+        devices: list[int] | None = None,
+        vocab_only: bool = False,
+        heads: bool = False,
     ):
         """vocab_only: its vocabulary and hyperparameters, not its weights (milliseconds: what a model is, and
-        whether it pairs, before deciding to load it); it tokenizes, but makes no context."""
+        whether it pairs, before deciding to load it); it tokenizes, but makes no context. heads: also load its
+        MTP (NextN) heads, where it has them (llama.cpp skips their weights otherwise)."""
         self.path = gguf_file.check(path)
         init_backend()
         _LOG_LINES.clear()
         params = L.llama_model_default_params()
         params.use_extra_bufts = not exact
         params.vocab_only = vocab_only
+        self.heads = heads  # (the caller checked that this llama-cpp-python can: backend/mtp.missing)
+        if heads:
+            params.load_mtp = True
         # devices: where the layers go (ggml_backend_dev_t; [] keeps them on this CPU); None: llama.cpp's
         # default, every GPU and every RPC server this process registered.
         self._devices = None if devices is None else (ctypes.c_void_p * (len(devices) + 1))(*devices, None)

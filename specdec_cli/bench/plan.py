@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from .. import drafting, options
+from ..backend import mtp
 from ..drafting import measure
 from ..errors import UsageError
 from ..options import RunConfig, parse_draft_tokens
@@ -77,7 +78,8 @@ def plan(
         if message:
             raise UsageError(message)
     prompt_list = suite.load(prompts, cats)
-    names = _drafters(drafters, cfg.draft is not None, branch_list, branches)
+    has_heads = mtp.heads_in_header(cfg.target) > 0 and mtp.missing() is None
+    names = _drafters(drafters, cfg.draft is not None, branch_list, branches, has_heads)
     # One session serves every row: with the draft loaded if a row may use it; rows pick their drafter.
     kinds = [drafting.kind(n) for n in names]
     if cfg.draft is not None and any(k.uses_model for k in kinds):
@@ -113,14 +115,20 @@ def plan(
     return result
 
 
-def _drafters(given: str | None, has_draft: bool, branch_list: list[int], branches: str) -> list[str]:
+def _drafters(
+    given: str | None, has_draft: bool, branch_list: list[int], branches: str, has_heads: bool = False
+) -> list[str]:
     """The drafters to sweep (all of them by default, the baseline first; those that need a draft model only
-    with one)."""
+    with one, those that need the target's MTP heads only where it has them)."""
     if given:
         names = _parse_list(given, str, "--drafters")
     else:
         every = sorted(drafting.DRAFTERS.values(), key=lambda k: not k.plain)
-        names = [k.name for k in every if has_draft or k.model != drafting.NEEDS]
+        names = [
+            k.name
+            for k in every
+            if (has_draft or k.model != drafting.NEEDS) and (has_heads or k.heads != drafting.NEEDS)
+        ]
     for name in names:
         if name not in drafting.DRAFTERS:
             raise UsageError(f"--drafters: unknown drafter {name!r}", hint=f"drafters: {', '.join(drafting.DRAFTERS)}")

@@ -48,6 +48,8 @@ COLUMNS = [
     "identical_to_baseline",
     "predicted_tokens_per_round",
     "drafter_rounds",
+    "drafter_accept_rate",
+    "drafter_ms_per_token",
     "mean_branches",
     "branch_wins",
     "exact",
@@ -112,6 +114,9 @@ def rows_for(result: RowResult, prompts: list[Prompt], costs: Costs) -> list[dic
                 # auto: what the cost model expected per round, against mean_accepted (what came)
                 "predicted_tokens_per_round": round(both[0], 4) if both else None,
                 "drafter_rounds": {name: d.rounds for name, d in sorted(mine.by_drafter.items())},
+                # per drafter that drafted (auto mixes them): its acceptance and its cost per drafted token
+                "drafter_accept_rate": {n: d.as_dict()["accept_rate"] for n, d in _drafted(mine)},
+                "drafter_ms_per_token": {n: d.as_dict()["draft_ms_per_token"] for n, d in _drafted(mine)},
                 # tree drafting: mean branches verified per round, and rounds won by each branch
                 "mean_branches": round(mine.branches / mine.rounds, 4) if mine.rounds else 0.0,
                 "branch_wins": list(mine.branch_wins),
@@ -135,6 +140,10 @@ def cost_curve(costs: Costs) -> dict:
     }
 
 
+def _drafted(stats: Stats) -> list:
+    return [(name, d) for name, d in sorted(stats.by_drafter.items()) if d.drafted]
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
 
@@ -145,11 +154,15 @@ def _predicted(costs: Costs, stats: Stats, cfg) -> float | None:
     kind = drafting.kind(cfg.drafter)
     if kind.plain:
         return 1.0
-    if cfg.draft_tokens is None or kind.chooses_k or cfg.branches > 1 or kind.cost not in ("free", "model"):
+    if cfg.draft_tokens is None or kind.chooses_k or cfg.branches > 1 or kind.cost not in ("free", "model", "heads"):
         return None  # chosen per round; a tree's yield is not the chain's geometric series
-    if kind.cost == "free":  # a lookup draft costs no decode
+    if kind.cost in ("free", "heads"):
+        mine = stats.by_drafter.get(cfg.drafter)
         costs = costs.copy()
-        costs.draft, costs.draft_catch_up = 0.0, None
+        # A lookup draft costs no decode; a head's decode costs what this row's took (the curve times a draft
+        # model's, not the heads')
+        heads = mine.draft_seconds / mine.drafted if kind.cost == "heads" and mine and mine.drafted else 0.0
+        costs.draft, costs.draft_catch_up = heads, None
     elif costs.draft is None:
         return None
     # The geometric model needs the per-token acceptance, not accepted/drafted (which counts the
@@ -224,7 +237,10 @@ def to_csv(rows: list[dict]) -> str:
             {
                 **r,
                 "per_position_accept": " ".join(str(x) for x in r["per_position_accept"]),
-                "drafter_rounds": " ".join(f"{k}:{v}" for k, v in r["drafter_rounds"].items()),
+                **{
+                    key: " ".join(f"{k}:{v}" for k, v in r[key].items())
+                    for key in ("drafter_rounds", "drafter_accept_rate", "drafter_ms_per_token")
+                },
                 "branch_wins": " ".join(str(x) for x in r["branch_wins"]),
             }
         )

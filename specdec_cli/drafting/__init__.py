@@ -2,7 +2,7 @@
 for a run, in one call.
 
 model.py drafts with a small model (a chain is a tree of one branch) over a window of the text (window.py);
-lookup.py copies from the predicted answer (prediction.py), the text, the user's instruction (hints.py) and
+mtp.py with the target's own draft heads (MTP), from its hidden states; lookup.py copies from the predicted answer (prediction.py), the text, the user's instruction (hints.py) and
 earlier answers (corpus.py, kept on disk by cache.py); auto.py chooses among them every round by the cost model
 (cost.py). Adding a drafter: a `Drafter` subclass and one `declare(Kind(...))`. The command line's choices, the
 options' rules, the config, the statistics, the bench and the server read the traits; nothing outside this
@@ -22,6 +22,7 @@ from .cost import Costs
 from .forced import Forced
 from .lookup import LookupDrafter, line_ends
 from .model import ModelDrafter
+from .mtp import HeadCache, MtpDrafter
 from .prediction import Prediction
 
 DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
@@ -38,6 +39,8 @@ class Sources:
     costs: Callable[[], Costs]
     draft: Callable[[], Sequence] | None  # takes the draft model's sequence; None: no draft model
     draft_loaded: Callable[[], bool] = lambda: True  # whether taking it loads nothing (the draft model is loaded)
+    heads: Callable[[], HeadCache] | None = None  # the target's MTP heads (opened on first use); None: it has none
+    is_eog: Callable[[int], bool] = lambda token: False
     p_min: float = 0.0
     branches: int = 1  # the draft model's tree: at most this many branches
     p_split: float = 0.1
@@ -69,6 +72,16 @@ class Sources:
             self.draft_loaded,
         )
 
+    def mtp(self) -> MtpDrafter | None:
+        if self.heads is None:
+            return None
+        grammar = self.grammar() if self.grammar is not None else None
+        return MtpDrafter(self.heads(), self.p_min, self.vocab, grammar, self.is_eog)
+
+    def model_source(self) -> ModelDrafter | MtpDrafter | None:
+        """Auto's model source: the draft model where there is one, else the target's own heads, else none."""
+        return self.draft_model() if self.draft is not None else self.mtp()
+
     def lookup(self) -> LookupDrafter:
         return LookupDrafter.for_instruction(self.instruction, self.corpus, self.tokenize, self.piece, self.predicted())
 
@@ -79,10 +92,13 @@ class Sources:
     def auto(self, lookup: bool = True, model: bool = True) -> AutoDrafter:
         costs = self.costs()
         forced = Forced(self.grammar(), self.tokenize, self.piece) if self.grammar is not None else None
+        source = self.model_source() if model else None
+        if isinstance(source, MtpDrafter) and costs.draft is None:  # a head's decode: measured once (milliseconds)
+            costs.draft = source.cache.time_one()
         return AutoDrafter(
             costs,
             self.lookup() if lookup else None,
-            self.draft_model() if model else None,
+            source,
             self.lookup_branches,
             forced=forced,
             max_tokens=self.max_tokens,
@@ -100,6 +116,9 @@ class Kind:
     help: str  # --drafter's help for it
     build: Callable[[Sources], Drafter]
     model: str = NEVER  # NEEDS: refused without a draft model; USES: drafts with one where there is one; NEVER
+    heads: str = NEVER  # the target's MTP heads: NEEDS (refused on a model without them), USES (where it has them
+    # and there is no draft model), NEVER
+    p_min: float = 0.0  # its --p-min when none is given
     lookup: bool = False  # reads the text and the lookup cache's earlier answers (and keeps answers there)
     k: int | None = DRAFT_TOKENS  # its draft length when -k is not given; None: chosen every round (-k auto)
     chooses_k: bool = False  # chooses every round's length itself (-k only caps it): the bench sweeps no -k for it
@@ -107,7 +126,8 @@ class Kind:
     plain: bool = False  # drafts nothing: target-only decoding (every comparison's baseline)
     falls_back: bool = False  # on a target that cannot roll back: decodes plainly with a warning (else refused)
     cost: str = "free"  # a drafted token's cost: "free" (no decode), "model" (a draft-model decode, after its
-    # window's prefill at its first draft), "chosen" (whichever the cost model chose, each weighed), "none"
+    # window's prefill at its first draft), "heads" (a decode of the target's MTP heads), "chosen" (whichever the
+    # cost model chose, each weighed), "none"
     rounds: str = ""  # what its rounds are called in the statistics (default: its name)
 
     @property
@@ -173,6 +193,7 @@ declare(
         name="auto",
         build=Sources.auto,
         model=USES,
+        heads=USES,
         lookup=True,
         k=None,
         chooses_k=True,
@@ -183,6 +204,17 @@ declare(
     )
 )
 declare(Kind(name="model", build=_model, model=NEEDS, trees=True, cost="model", help="the draft model"))
+declare(
+    Kind(
+        name="mtp",
+        build=lambda s: s.mtp() if s.k is not None else s.auto(lookup=False),
+        heads=NEEDS,
+        k=2,  # llama.cpp's MTP users found 2 tokens with a 0.6 floor ~1.9x where its defaults (3, none) lost
+        p_min=0.6,
+        cost="heads",
+        help="the target's own draft heads (MTP / NextN), on models that carry them (`models info`)",
+    )
+)
 declare(
     Kind(
         name="lookup",

@@ -23,6 +23,7 @@ from .cost import Costs, best_length, best_tree, expected_tokens, rate
 from .forced import Forced
 from .lookup import Candidate, LookupDrafter
 from .model import DraftPolicy, ModelDrafter
+from .mtp import MtpDrafter
 from .window import MIN_WINDOW
 
 # Per-token acceptance priors, by bucket. Two pseudo-observations each: a handful of rounds outweigh them.
@@ -127,7 +128,7 @@ class AutoDrafter(Drafter):
         self,
         costs: Costs,
         lookup: LookupDrafter | None,
-        draft_model: ModelDrafter | None,
+        draft_model: ModelDrafter | MtpDrafter | None,
         max_branches: int = 1,
         forced: Forced | None = None,
         max_tokens: int | None = None,
@@ -135,7 +136,9 @@ class AutoDrafter(Drafter):
         self.costs = costs
         self.max_tokens = max_tokens  # the answer's bound: what is left of it pays back the draft model's prefill
         self._prompt = 0
-        self.promises = {"lookup": Promise(), "model": Promise()}  # by Draft.source
+        # The model source: the draft model, or the target's own heads (drafting/mtp.py), by its Draft.source.
+        self.model_source = getattr(draft_model, "name", "model")
+        self.promises = {"lookup": Promise(), self.model_source: Promise()}  # by Draft.source
         self.lookup = lookup
         self.forced = forced  # a constrained run: what its grammar forces next, one more candidate
         self.draft_model = draft_model
@@ -149,6 +152,10 @@ class AutoDrafter(Drafter):
         self.hot_rate = Rate(HOT_PRIOR * PRIOR_STRENGTH)
         self.model_accept = Buckets(CONFIDENCE_EDGES, tuple(e + 0.05 for e in CONFIDENCE_EDGES))  # calibrated
         self.model_rate = Rate()
+
+    @property
+    def prompt_rows(self) -> int:
+        return self.draft_model.prompt_rows if self.draft_model is not None else 0
 
     def prefill(self, tokens: list[int]) -> None:
         self._prompt = len(tokens) + 1
@@ -185,7 +192,7 @@ class AutoDrafter(Drafter):
         step, against the best other offer; then what bringing it in step costs (loading it, its window's
         prefill, a catch-up after rounds it did not draft in) must be paid back by this round, or by the rest
         of the answer at its learned acceptance (there the window is the largest that pays, MIN_WINDOW at least)."""
-        costs, model, kept = self.costs, self.draft_model, self.promises["model"].kept
+        costs, model, kept = self.costs, self.draft_model, self.promises[self.model_source].kept
         k_warm, warm, _ = best_length([self.model_rate.upper * kept] * k, costs, costs.drafting(k, 0.0))
         if not k_warm or warm <= best:
             return None
@@ -281,7 +288,7 @@ class AutoDrafter(Drafter):
                 else:
                     self.source_accept[c.source, self._sure].observe(c.bucket(i), i < right)
         self._sure = int(outcome.sure is None or outcome.sure)
-        if draft.source == "model":
+        if draft.source == self.model_source:
             # Checked: the accepted nodes, then every child of the last one (all rejected).
             rejected = draft.shape.children(path[-1] if path else -1, n)
             for i, ok in [(i, True) for i in path] + [(c, False) for c in rejected]:
@@ -293,8 +300,10 @@ class AutoDrafter(Drafter):
 
     def rollback(self, n: int, draft: Draft, winner: int = 0) -> None:
         if self.draft_model is not None:
-            # A lookup tree's branches live in the target's context only: the draft has just its main sequence.
-            self.draft_model.rollback(n, draft, winner if draft.source == "model" else 0)
+            # A lookup tree's branches live in the target's context only: the draft has just its main sequence
+            # (the heads, which mirror the target's cache, follow its winner whoever drafted).
+            mine = draft.source == self.model_source or getattr(self.draft_model, "follows_target", False)
+            self.draft_model.rollback(n, draft, winner if mine else 0)
 
     def check(self, committed: list[int]) -> None:
         if self.draft_model is not None:

@@ -56,6 +56,9 @@ class Drafter:
     learner has nothing to prefill, observe, roll back or check (HF's CandidateGenerator)."""
 
     name = "none"
+    # The prompt's last tokens whose target rows it reads (their hidden states: drafting/mtp.py): the prompt's
+    # decode outputs them (0: its last row alone, as always).
+    prompt_rows = 0
 
     def prefill(self, tokens: list[int]) -> None:
         """The prompt but its last token, once, before the first round (a cache may hold a prefix of it)."""

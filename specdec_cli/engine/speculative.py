@@ -62,7 +62,8 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
 
     t0, cached = time.perf_counter(), len(main)  # `main` may hold a prefix of the prompt already
     with main.ctx.prompt_kernels() if settings.prompt_kernels else nullcontext():  # every run of it, alike
-        main.append(prompt[cached:-1])
+        todo = prompt[cached:-1]
+        main.append(todo, outputs=max(len(todo) - drafter.prompt_rows, 0) if drafter.prompt_rows else "last")
     drafter.prefill(prompt[:-1])
     yield Prefilled(prompt_tokens=len(prompt), seconds=time.perf_counter() - t0, cached=cached)
 

@@ -22,9 +22,11 @@ class DrafterStats:
     emitted_predicted: int = 0  # tokens those same rounds emitted: compare with `predicted`
     entropy: float = 0.0  # sum of per-round mean draft entropies (model rounds)
     entropy_rounds: int = 0
+    draft_seconds: float = 0.0  # its rounds' drafting time (/ drafted: its cost per drafted token)
 
     def add(self, r: Round) -> None:
         self.rounds += 1
+        self.draft_seconds += r.draft_seconds
         self.drafted += r.drafted
         self.accepted += r.accepted
         self.emitted += r.emitted
@@ -52,6 +54,8 @@ class DrafterStats:
             "predicted_tokens_per_round": round(self.predicted / pr, 4) if pr else None,
             "realised_tokens_per_round": round(self.emitted_predicted / pr, 4) if pr else None,
             "mean_entropy": round(self.entropy / self.entropy_rounds, 4) if self.entropy_rounds else None,
+            "accept_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,
+            "draft_ms_per_token": round(1000 * self.draft_seconds / self.drafted, 4) if self.drafted else None,
         }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import llama_cpp.llama_cpp as L
 
-from ..backend import vocab
+from ..backend import mtp, vocab
 from ..backend.native import Model
 
 
@@ -34,6 +34,7 @@ def describe(model: Model) -> dict:
         "can_roll_back": model.rollback != "none",
         "kv_bytes_per_token": model.kv_bytes_per_token(),
         "recurrent_state_bytes": model.state_bytes(),
+        "mtp_layers": mtp.heads_in_header(model.path),  # its own draft heads (NextN): --drafter mtp
     }
 
 
@@ -55,7 +56,16 @@ def rows(facts: dict) -> list[tuple[str, str]]:
         ("recurrent state", _state(state, facts["rollback"])),
         ("rollback", ROLLBACK[facts["rollback"]]),
         ("speculation", "yes" if facts["can_roll_back"] else "no: auto decodes it plainly"),
+        ("MTP heads", _heads(facts["mtp_layers"])),
     ]
+
+
+def _heads(n: int) -> str:
+    if not n:
+        return "none"
+    lacks = mtp.missing()
+    usable = f"--drafter mtp drafts with {'them' if n > 1 else 'it'}" if not lacks else f"unusable: no {lacks}"
+    return f"{n} ({'chained' if n > 1 else 'one'}; {usable})"
 
 
 def _state(n: int, rollback: str) -> str:

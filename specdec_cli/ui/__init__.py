@@ -149,7 +149,8 @@ def _tree_rows(stats: Stats) -> list[tuple[str, str]]:
 
 
 def _drafter_rows(stats: Stats) -> list[tuple[str, str]]:
-    """Per drafter, whenever one drafted: rounds, mean chosen k, yield, the draft model's entropy."""
+    """Per drafter, whenever one drafted: rounds, mean chosen k, yield, its cost per draft token, the draft
+    model's entropy."""
     parts = stats.by_drafter
     if not any(d.drafted for d in parts.values()):
         return []
@@ -159,6 +160,8 @@ def _drafter_rows(stats: Stats) -> list[tuple[str, str]]:
         text = f"{d.rounds} rounds ({d.rounds / stats.rounds:.0%})"
         if not is_plain(name):
             text += f", mean k {d.chosen_k / d.rounds:.1f}, drafted {d.drafted}, accepted {d.accepted}"
+        if d.drafted and d.draft_seconds:
+            text += f", {1000 * d.draft_seconds / d.drafted:.2f} ms per draft token"
         if d.entropy_rounds:
             text += f", draft entropy {d.entropy / d.entropy_rounds:.2f} nats"
         rows.append((f"  {round_label(name)}", text))

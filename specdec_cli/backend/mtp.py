@@ -1,0 +1,206 @@
+"""The model's own draft heads (multi-token prediction, NextN blocks), through llama.cpp's experimental calls.
+
+llama.cpp keeps the calls that read a target's hidden states and run its NextN blocks out of its public header
+(src/llama-ext.h); llama-cpp-python binds them in `llama_cpp.llama_cpp_ext`, which it calls experimental. This
+is the one module that touches them: `missing` says what a build lacks, `Heads` is the heads' own context
+(llama.cpp's MTP context type, linked to the target's) with the tap that reads the target's hidden states.
+
+A head at position p reads (the token at p, the target's hidden state at p - 1: what came out of its last
+layer, before the output head) and predicts the token at p + 1. Its one block attends over its own cells of the
+earlier positions, so it is fed every committed position it is to remember, as the target is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import time
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp.llama_cpp as L
+
+from ..errors import SpecdecError
+from . import gguf_file
+from .context import Context
+from .native import last_log_error
+
+CALLS = ("llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith")
+CHAIN_CALL = "llama_set_nextn_layer_offset"  # chained heads only
+FIELDS = (
+    ("llama_model_params", "load_mtp"),
+    ("llama_context_params", "ctx_type"),
+    ("llama_context_params", "ctx_other"),
+)
+BATCH = 512  # rows of one heads decode: a round's pairs; a longer catch-up goes in pieces
+
+
+def missing() -> str | None:
+    """What this llama-cpp-python lacks to draft with MTP heads (the first thing), or None."""
+    for struct, name in FIELDS:
+        if name not in {f for f, _ in getattr(L, struct)._fields_}:
+            return f"llama_cpp.{struct}.{name}"
+    for name in ("llama_model_n_layer_nextn", "llama_model_n_embd_out", "LLAMA_CONTEXT_TYPE_MTP"):
+        if not hasattr(L, name):
+            return f"llama_cpp.{name}"
+    try:
+        ext = _ext()
+    except (ImportError, AttributeError) as e:  # its bindings resolve their symbols at import: a missing one raises
+        return f"llama_cpp.llama_cpp_ext ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    for name in (*CALLS, CHAIN_CALL):
+        if not hasattr(ext, name):
+            return f"llama_cpp.llama_cpp_ext.{name}"
+    return None
+
+
+def _ext():
+    return importlib.import_module("llama_cpp.llama_cpp_ext")
+
+
+def heads_in_header(path: Path) -> int:
+    """The NextN heads a GGUF says it carries ({arch}.nextn_predict_layers; 0: none), from its header alone."""
+    try:
+        meta = gguf_file.header(gguf_file.check(path)).metadata  # (check first: a FIFO is refused, not read)
+    except (SpecdecError, OSError, gguf_file.Malformed):  # not a GGUF it can read: loading it says why
+        return 0
+    return gguf_file.int_value(meta, f"{meta.get('general.architecture')}.nextn_predict_layers") or 0
+
+
+class Heads:
+    """A target's NextN heads in their own llama.cpp context (type MTP, linked to the target's), one sequence
+    per head: chained heads (head i drafts token i + 1) each keep their own cells of the same positions.
+
+    While attached, the target's decodes also give their output rows' hidden states (`taken`), which the
+    drafter (drafting/mtp.py) feeds here: the target's own computation, nothing decoded twice."""
+
+    def __init__(self, target: Context, n_threads: int):
+        problem = missing()
+        if problem:
+            raise SpecdecError(f"this llama-cpp-python lacks {problem}, which MTP drafting needs")
+        model = target.model
+        self.n = int(L.llama_model_n_layer_nextn(model._ptr))
+        if self.n <= 0:
+            raise SpecdecError(f"{model.name} has no MTP (NextN) heads")
+        self._ext = _ext()
+        self.target = target
+        self.n_embd = int(L.llama_model_n_embd_out(model._ptr)) or int(L.llama_model_n_embd(model._ptr))
+        self.n_vocab = target.n_vocab
+        params = L.llama_context_default_params()
+        params.n_ctx = target.n_ctx
+        params.n_batch = params.n_ubatch = min(target.n_ctx, BATCH)
+        params.n_seq_max = self.n
+        params.n_threads = params.n_threads_batch = n_threads
+        params.kv_unified = True
+        params.swa_full = True  # a rollback must find its cells (as the target's context keeps them)
+        params.n_outputs_max = self.n  # a decode's last row (llama.cpp reserves a row per sequence)
+        params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ptr
+        self._ptr = L.llama_init_from_model(model._ptr, params)
+        if not self._ptr:
+            raise SpecdecError(
+                f"llama.cpp cannot draft with the MTP heads of {model.name}: {last_log_error() or 'no context'}"
+            )
+        self._ext.llama_set_embeddings_nextn(self._ptr, True, True)  # a head's own hidden state: the next's input
+        self.memory = L.llama_get_memory(self._ptr)
+        self.n_batch = L.llama_n_batch(self._ptr)
+        self._batch = L.llama_batch_init(self.n_batch, self.n_embd, 1)
+        self._tokens = (L.llama_token * self.n_batch)()  # an embeddings batch has no token array of its own
+        self._batch.token = self._tokens
+        self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
+        self.taken: list[tuple[list[int], list[tuple[int, ...]], np.ndarray]] = []  # (pos, seqs, hidden rows)
+        self.decode_seconds = 0.0
+        self.decodes = 0
+
+    def close(self) -> None:
+        if self._ptr:
+            self.detach()
+            self._batch.token = ctypes.POINTER(L.llama_token)()  # ours: llama_batch_free must not free it
+            L.llama_batch_free(self._batch)
+            L.llama_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Heads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the target's side -------------------------------------------------------------------
+    def attach(self) -> None:
+        """From now on every target decode keeps its output rows' hidden states in `taken` (masked: the rows
+        the decode outputs logits for, so the last layer still runs on those alone)."""
+        if self.target.tap is not self:
+            self._ext.llama_set_embeddings_nextn(self.target._ptr, True, True)
+            self.target.tap = self
+            self.taken.clear()
+
+    def detach(self) -> None:
+        if self.target.tap is self:
+            self._ext.llama_set_embeddings_nextn(self.target._ptr, False, False)
+            self.target.tap = None
+            self.taken.clear()
+
+    def __call__(self, pos: list[int], seqs: list[tuple[int, ...]]) -> None:
+        """The target decoded: keep the hidden states of its output rows at `pos` in `seqs` (a copy: the next
+        decode writes over llama.cpp's buffer)."""
+        ptr = self._ext.llama_get_embeddings_nextn(self.target._ptr)
+        if ptr:
+            rows = np.ctypeslib.as_array(ptr, shape=(len(pos), self.n_embd)).copy()
+            self.taken.append((pos, seqs, rows))
+
+    # --- the heads' side ---------------------------------------------------------------------
+    def decode(self, head: int, tokens: list[int], pos0: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Head `head` over (tokens[i], hidden[i]) at positions pos0.. in its sequence; returns the last row's
+        logits and that row's hidden state (a chained head's, or the next draft token's, input). Longer than a
+        batch: the earlier pieces first."""
+        for start in range(0, len(tokens), self.n_batch):
+            end = start + self.n_batch
+            self._decode(head, tokens[start:end], pos0 + start, hidden[start:end])
+        logits = L.llama_get_logits_ith(self._ptr, -1)
+        h = self._ext.llama_get_embeddings_nextn_ith(self._ptr, -1)
+        if not logits or not h:
+            raise SpecdecError(f"llama.cpp gave no output for the MTP heads of {self.target.model.name}")
+        return (
+            np.ctypeslib.as_array(logits, shape=(self.n_vocab,)),
+            np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy(),
+        )
+
+    def _decode(self, head: int, tokens: list[int], pos0: int, hidden: np.ndarray) -> None:
+        b, n = self._batch, len(tokens)
+        b.n_tokens = n
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, pos0 + i, 1, i == n - 1
+            b.seq_id[i][0] = head
+        self._embd[:n] = hidden
+        if self.n > 1:
+            self._ext.llama_set_nextn_layer_offset(self._ptr, head)
+        t0 = time.perf_counter()
+        rc = L.llama_decode(self._ptr, b)
+        self.decode_seconds += time.perf_counter() - t0
+        self.decodes += 1
+        if rc != 0:
+            raise SpecdecError(f"llama_decode failed on the MTP heads of {self.target.model.name} (code {rc})")
+
+    def forget(self, p0: int) -> None:
+        """Every head's cells from position p0 on (-1: all)."""
+        for s in range(self.n):
+            L.llama_memory_seq_rm(self.memory, s, p0, -1)
+
+    def pos_range(self, head: int) -> tuple[int, int]:
+        return L.llama_memory_seq_pos_min(self.memory, head), L.llama_memory_seq_pos_max(self.memory, head)
+
+    def time_one(self, passes: int = 5) -> float:
+        """Seconds per one-row decode of head 0 (the fastest of `passes`), on an empty cache (emptied after)."""
+        self.forget(-1)
+        best = float("inf")
+        zero = np.zeros((1, self.n_embd), np.float32)
+        try:
+            for _ in range(passes):
+                t0 = time.perf_counter()
+                self._decode(0, [0], 0, zero)
+                best = min(best, time.perf_counter() - t0)
+                self.forget(-1)
+        finally:
+            self.forget(-1)
+        return best

@@ -1,0 +1,258 @@
+"""The target's own draft heads (MTP / NextN), on tiny fixtures written like the hybrid ones (tiny_models.py):
+mimo2 (attention only) with two chained heads (`mtp`) and with one (`mtp_one`), the Gated DeltaNet hybrid qwen35
+with its one (`qwen35_mtp`), and a mirror head that repeats the target's last prediction (`mtp_mirror`).
+
+Greedy output must be target-only output token for token, whatever the draft length and whether auto chooses the
+heads; sampling must be distributed as target-only sampling; the heads' cells must hold exactly the committed
+text (debug=True checks them after every round, with the target's)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import config, run_engine, same_distribution, sample_counts
+
+from specdec_cli import drafting
+from specdec_cli.backend import mtp as backend
+from specdec_cli.cli import main
+from specdec_cli.drafting.mtp import PROMPT_ROWS, MtpDrafter
+from specdec_cli.engine import shapes as tree_module
+from specdec_cli.engine.events import Round
+from specdec_cli.engine.stats import collect
+from specdec_cli.session import open_session
+
+HEADS = ["mtp", "mtp_one", "qwen35_mtp"]
+PROMPTS = ["hello world", "The quick brown fox", "abcabcabcabc", "def f(x):\n    return x"]
+
+
+@pytest.fixture(scope="module")
+def target_only(models):
+    out = {}
+    for name in HEADS:
+        with open_session(config(models, None, target=models[name], max_tokens=40)) as s:
+            out |= {(name, p): run_engine(s, p)[0] for p in PROMPTS}
+    return out
+
+
+def heads(open_pair, models, name: str, **kw):
+    return open_pair(None, target=models[name], drafter="mtp", **({"max_tokens": 40} | kw))
+
+
+def specdec(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("name", HEADS)
+@pytest.mark.parametrize("k", [1, 2, 3, 6])
+def test_greedy_mtp_drafts_are_target_only_output(open_pair, models, target_only, name, k):
+    s = heads(open_pair, models, name, draft_tokens=k, p_min=0.0)
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        ids, stats, _ = run_engine(s, prompt)
+        assert ids == target_only[name, prompt], (prompt, k)
+        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    assert 0 < accepted < drafted  # the heads drafted, were right and wrong
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_auto_with_the_heads_is_target_only_output(open_pair, models, target_only, frozen_costs, name):
+    """A model with heads and no draft: auto's model source is the heads (frozen_costs: it drafts, as where it
+    pays, whatever this machine measures), with lookup beside them, and -k auto over the heads alone."""
+    for drafter, k in (("auto", None), ("mtp", None)):
+        s = open_pair(None, target=models[name], drafter=drafter, draft_tokens=k, max_tokens=40)
+        rounds = 0
+        for prompt in PROMPTS:
+            ids, stats, _ = run_engine(s, prompt)
+            assert ids == target_only[name, prompt], (prompt, drafter)
+            rounds += stats.by_drafter["mtp"].drafted if "mtp" in stats.by_drafter else 0
+        assert rounds > 0, drafter  # it chose the heads
+
+
+def test_auto_chooses_the_heads_where_there_is_no_draft(capsys, models):
+    """The default drafter of a target with heads and no --draft is auto over them; with a draft, the draft."""
+    code, out, err = specdec(capsys, "generate", "hello", "--target", str(models["mtp"]), "-n", "4", "--json")
+    assert code == 0, err
+    cfg = json.loads(out)["config"]
+    assert cfg["drafter"] == "auto" and cfg["draft"] is None and "MTP heads" in cfg["draft_choice"]
+    with open_session(config(models, None, target=models["mtp"], drafter="auto")) as s:
+        assert s.target.heads
+        sources = drafting.Sources(k=None, costs=lambda: s.curve.get([1, 2]), draft=None, heads=s.heads)
+        assert isinstance(sources.auto().draft_model, MtpDrafter)
+    with open_session(config(models, None, target=models["target"], drafter="auto")) as s:
+        assert not s.target.heads  # no heads: nothing loaded, auto drafts by lookup alone
+
+
+def test_the_mirror_head_sees_the_targets_hidden_state_at_the_right_position(open_pair, models, monkeypatch):
+    """A mirror head's logits are the target's own at the position before (tiny_models.py): its first draft token
+    is the last committed token wherever the target chose that token (every round after the first). A hidden
+    state one position off would propose another token nearly always."""
+    seen = []
+    propose = MtpDrafter.propose
+
+    def spy(self, committed, k, sampler, rng, policy=drafting.model.FIXED):
+        draft = propose(self, committed, k, sampler, rng, policy)
+        seen.append((committed[-1], draft.tokens[:1]))
+        return draft
+
+    monkeypatch.setattr(MtpDrafter, "propose", spy)
+    s = heads(open_pair, models, "mtp_mirror", draft_tokens=1, p_min=0.0)
+    for prompt in PROMPTS:
+        seen.clear()
+        run_engine(s, prompt)
+        later = [(last, d) for last, d in seen[1:] if d]
+        assert len(later) > 10
+        assert sum(d == [last] for last, d in later) >= 0.9 * len(later), later
+
+
+def test_chained_heads_draft_one_token_each(open_pair, models, target_only):
+    """Two heads: a round drafts at most two tokens (head 0 the first, head 1 the second, from head 0's hidden
+    state), and head 1's tokens are accepted too."""
+    s = heads(open_pair, models, "mtp", draft_tokens=6, p_min=0.0)
+    rounds = []
+    for prompt in PROMPTS:
+        events = list(s.generate(s.prompt_tokens(prompt)))
+        assert collect(iter(events)).tokens == target_only["mtp", prompt]
+        rounds += [e for e in events if isinstance(e, Round)]
+    assert max(r.drafted for r in rounds) == 2
+    assert sum(r.accepted == 2 for r in rounds) > 0  # the second head was right
+
+
+def test_the_hybrid_target_drafts_within_its_snapshots(open_pair, models, target_only):
+    """qwen35_mtp keeps recurrent-state snapshots: a draft longer than them is cut to them, and a rejected tail
+    is rolled out of the target's state (debug=True checks the caches after every round)."""
+    s = heads(open_pair, models, "qwen35_mtp", draft_tokens=3, p_min=0.0)
+    assert s.target_ctx.max_rollback == 3
+    for prompt in PROMPTS:
+        events = list(s.generate(s.prompt_tokens(prompt), draft_tokens=8))
+        assert max(e.drafted for e in events if isinstance(e, Round)) <= 3
+        assert collect(iter(events)).tokens == target_only["qwen35_mtp", prompt]
+
+
+def test_sampling_with_the_heads_is_distributed_as_target_only_sampling(open_pair, models, monkeypatch):
+    """And the negative control: accepting every draft token samples the heads' distribution, which the
+    chi-square tells apart."""
+    kw = dict(max_tokens=2, temp=1.5, top_k=3)
+    spec = heads(open_pair, models, "mtp_one", p_min=0.0, **kw)
+    plain = open_pair(None, target=models["mtp_one"], drafter="none", **kw)
+    spec_counts, stats = sample_counts(spec, "hello world", 1500, draft_tokens=2)
+    plain_counts, _ = sample_counts(plain, "hello world", 1500)
+    ok, stat, cells = same_distribution(spec_counts, plain_counts)
+    assert ok, (stat, cells)
+    assert cells > 3 and 0.0 < stats.accept_rate < 1.0
+
+    def accept_all(p, q, tokens, rng):
+        return len(tokens), int(rng.choice(len(p[-1]), p=p[-1]))
+
+    monkeypatch.setattr(tree_module, "speculative_accept", accept_all)
+    wrong = heads(open_pair, models, "mtp_one", p_min=0.0, **kw)
+    assert not same_distribution(sample_counts(wrong, "hello world", 1500, draft_tokens=2)[0], plain_counts)[0]
+
+
+def test_exact_mode_with_the_heads_is_target_only_output(models):
+    for prompt in PROMPTS:
+        runs = {}
+        for drafter in ("none", "mtp"):
+            with open_session(
+                config(
+                    models,
+                    None,
+                    target=models["mtp_one"],
+                    drafter=drafter,
+                    exact=True,
+                    p_min=0.0,
+                    draft_tokens=3,
+                    max_tokens=40,
+                )
+            ) as s:
+                runs[drafter] = run_engine(s, prompt, logprobs=2)
+        assert runs["mtp"][0] == runs["none"][0], prompt
+        assert runs["mtp"][1].drafted > 0
+
+
+def test_the_prompt_feeds_the_heads_its_last_rows_only(open_pair, models):
+    """The heads cost the prefill almost nothing: the target outputs the prompt's last PROMPT_ROWS rows, and the
+    heads hold those positions and the answer's."""
+    s = heads(open_pair, models, "mtp_one", draft_tokens=2, p_min=0.0, max_tokens=8)
+    prompt = s.prompt_tokens("x" * 200)
+    collect(s.generate(prompt))
+    cache = s.heads()
+    assert cache.start == len(prompt) - PROMPT_ROWS
+    assert cache.heads.pos_range(0)[0] == cache.start
+
+
+def test_a_model_without_heads_is_refused_in_one_line(capsys, models):
+    code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "--drafter", "mtp")
+    assert code == 2
+    assert err.startswith("error: --drafter mtp: target.gguf has no MTP (NextN) draft heads"), err
+    assert len(err.strip().splitlines()) == 2  # the error and its hint
+
+
+def test_a_missing_binding_is_refused_in_one_line_and_auto_goes_on_without_the_heads(capsys, models, monkeypatch):
+    """A llama-cpp-python without the experimental module (or one of its calls): --drafter mtp says which, and
+    nothing else changes: auto on the same model drafts as it would without heads."""
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_cpp_ext", None)  # its import fails, as where it is missing
+    assert backend.missing().startswith("llama_cpp.llama_cpp_ext")
+    code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["mtp"]), "--drafter", "mtp")
+    assert code == 2
+    assert err.startswith("error: --drafter mtp: this llama-cpp-python lacks llama_cpp.llama_cpp_ext"), err
+    code, out, err = specdec(capsys, "generate", "hello", "--target", str(models["mtp"]), "-n", "8", "--json")
+    assert code == 0, err
+    assert "mtp" not in json.loads(out)["stats"]["by_drafter"]
+    monkeypatch.undo()
+    monkeypatch.setattr(backend, "CALLS", (*backend.CALLS, "llama_no_such_call"))
+    assert backend.missing() == "llama_cpp.llama_cpp_ext.llama_no_such_call"
+
+
+def test_models_info_says_how_many_heads(capsys, models):
+    for name, n in (("mtp", 2), ("mtp_one", 1), ("qwen35_mtp", 1), ("target", 0)):
+        code, out, _ = specdec(capsys, "models", "info", str(models[name]), "--json")
+        assert code == 0 and json.loads(out)["mtp_layers"] == n, name
+
+
+def test_the_heads_cost_and_acceptance_are_reported(capsys, models):
+    code, out, err = specdec(
+        capsys,
+        "generate",
+        "hello world",
+        "--target",
+        str(models["mtp_one"]),
+        "--drafter",
+        "mtp",
+        "-k",
+        "3",
+        "--p-min",
+        "0",
+        "-n",
+        "24",
+        "--json",
+    )
+    assert code == 0, err
+    mine = json.loads(out)["stats"]["by_drafter"]["mtp"]
+    assert mine["drafted"] > 0 and mine["draft_ms_per_token"] > 0
+    assert mine["accept_rate"] == pytest.approx(mine["accepted"] / mine["drafted"], abs=1e-4)
+    assert json.loads(out)["config"]["p_min"] == 0.0
+    code, out, _ = specdec(
+        capsys, "generate", "hello", "--target", str(models["mtp"]), "--drafter", "mtp", "-n", "4", "--json"
+    )
+    assert json.loads(out)["config"]["p_min"] == 0.6 and json.loads(out)["config"]["draft_tokens"] == 2
+
+
+def test_the_heads_keep_what_a_servers_next_turn_shares(models):
+    """A session's runs (a server's turns): the heads keep the cells of the prefix the next prompt shares, runs of
+    other drafters leave them alone (the target's decodes feed them only in runs that use them), and auto's first
+    timing of a head empties them without the bookkeeping losing track (debug=True checks them every round)."""
+    first = "The quick brown fox"
+    turns = [(first, "mtp", 2), (first + " jumps", "none", None), (first + " jumps over", "auto", None)]
+    turns += [(first, "mtp", 2)]
+    with open_session(config(models, None, target=models["mtp_one"], drafter="auto", max_tokens=24)) as alone:
+        expected = [run_engine(alone, text, drafter="none")[0] for text, _, _ in turns]
+    with open_session(config(models, None, target=models["mtp_one"], drafter="auto", max_tokens=24)) as s:
+        for (text, drafter, k), want in zip(turns, expected):
+            r = collect(s.generate(s.prompt_tokens(text), drafter=drafter, draft_tokens=k, reuse=True))
+            assert r.tokens == want, (text, drafter)
+        assert r.stats.by_drafter["mtp"].drafted > 0
+        assert s.heads().end > len(s.prompt_tokens(first))  # the last turn's answer is in the heads' cells
