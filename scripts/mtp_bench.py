@@ -10,8 +10,9 @@ size where the costs are a real model's in proportion: a 12-layer, 1024-wide tru
 heads' acceptance says nothing of a trained model's; what it measures is what the heads cost: before the first
 token (the prompt's last rows, their logits and the heads' pass over them), and per drafted token.
 
-Each run is a fresh `specdec generate --json` process on a prompt of its own (a different seed each run), the
-drafters interleaved (none, mtp, auto, then mtp, none, auto...), -t 2. Prints every run, then medians and the
+Each run is a fresh `specdec generate --json --no-lookup-cache` process on a prompt of its own (a different seed
+each run), the drafters interleaved (none, mtp, auto, then mtp, none, auto...), -t 2, the specdec cache in a
+temporary folder (auto measures its cost curve at its first run, inside that run's prefill, and keeps it). Prints every run, then medians and the
 ratios to target-only of time to first token, prefill, wall time and generation rate, and the heads' cost per
 drafted token against the target's own per-token decode.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,7 +41,7 @@ DRAFTERS = ("none", "mtp", "auto")
 def write(path: Path, layers: int, width: int, vocab: int) -> Path:
     """The fixtures' mtp model at this size (their writers read the module's dimensions)."""
     tm.N_EMBD, tm.N_HEAD, tm.N_HEAD_KV, tm.N_FF = width, width // 64, width // 256, width * 11 // 4
-    tm.MIMO2_LAYERS, tm.MIMO2_SWA = layers, [False] * layers
+    tm.MIMO2_LAYERS, tm.MIMO2_SWA = layers, [i % 2 == 1 for i in range(layers)]  # every other: a window
     tokens = tm.byte_vocab() + [f"<x{i}>" for i in range(vocab - 259)]
     weights = tm.mimo2_weights(1234, len(tokens), heads=2)
     weights = {k: v.astype(np.float16) if v.ndim == 2 else v for k, v in weights.items()}
@@ -56,10 +58,14 @@ def prompt(n: int, seed: int) -> str:
     return out[: n - 1]
 
 
-def run(model: Path, drafter: str, text: str, n: int, threads: int) -> dict:
+def run(model: Path, drafter: str, text: str, n: int, threads: int, home: Path) -> dict:
+    """One fresh process; its specdec cache in `home` (auto's cost curve, measured at its first run and kept for
+    the others, as a user's is), no lookup cache (no run drafts from another's answer)."""
     cmd = [sys.executable, "-m", "specdec_cli", "generate", text, "--target", str(model), "--drafter", drafter]
-    cmd += ["--no-chat", "--json", "-n", str(n), "-t", str(threads), "-c", str(len(text) + n + 64)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    cmd += ["--no-chat", "--json", "-n", str(n), "-t", str(threads), "-c", str(2 * len(text) + n + 64)]
+    cmd += ["--no-lookup-cache"]
+    env = os.environ | {"SPECDEC_HOME": str(home)}
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if done.returncode:
         sys.exit(f"{drafter}: exit {done.returncode}: {done.stderr.strip()}")
     return json.loads(done.stdout)
@@ -86,7 +92,7 @@ def main() -> None:
             order = DRAFTERS if r % 2 == 0 else (DRAFTERS[1], DRAFTERS[0], DRAFTERS[2])
             text = prompt(args.prompt_tokens, seed=r)
             for drafter in order:
-                s = run(model, drafter, text, args.n, args.threads)["stats"]
+                s = run(model, drafter, text, args.n, args.threads, Path(tmp))["stats"]
                 rows[drafter].append(s)
                 mine = s["by_drafter"].get("mtp", {})
                 print(
