@@ -94,13 +94,10 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             t_verify = time.perf_counter()
             path, token = _accept(rows, draft, sampler, rng, model, len(committed), states)  # 3. accept
             sure = _sure(rows[path[-1] + 1 if path else 0], token, sampler) if draft.wants_confidence else None
-            if settings.logprobs is not None:  # read now: a rollback may decode again into the logits' buffer
-                probs = [  # token i was chosen by the row after i-1 (the first, by the row after the fed token)
-                    log_probs(rows[r], states[r] if states else None, t, settings.logprobs)
-                    for t, r in zip([*(draft.tokens[i] for i in path), token], [0, *(i + 1 for i in path)])
-                ]
-            winner = draft.shape.winner(path)
             new = [*(draft.tokens[i] for i in path), token]
+            if settings.logprobs is not None:  # read now: a rollback may decode again into the logits' buffer
+                probs = _scored(rows, states, path, new, settings.logprobs)
+            winner = draft.shape.winner(path)
             # Nothing after an end-of-generation token is output.
             end = next((i for i, t in enumerate(new) if model.is_eog(t)), len(new))
             committed += new[:end]
@@ -205,6 +202,14 @@ def _accept(
             f"target {model.name} produced non-finite logits ({e}) at position {at}",
             hint="its weights are damaged or overflow: check the file (`specdec models verify`), or try another quantisation",
         ) from None
+
+
+def _scored(rows: np.ndarray, states, path: list[int], new: list[int], n: int) -> list:
+    """Each new token's log probability and the n best, by the row that chose it: token i by the row after
+    token i-1 (the first by the row after the fed token)."""
+    return [
+        log_probs(rows[r], states[r] if states else None, t, n) for t, r in zip(new, [0, *(i + 1 for i in path)])
+    ]
 
 
 def log_probs(row: np.ndarray, state: State | None, token: int, n: int) -> tuple[float, tuple[tuple[int, float], ...]]:
