@@ -124,7 +124,7 @@ def parse(kind: str, body: Any) -> Request:
         req.messages = chat.messages(body.get("messages"))
         req.tools = chat.tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
     else:
-        req.prompt = _prompt(body.get("prompt"))
+        req.prompt = prompt_text(body.get("prompt"))
         if body.get("suffix") is not None:  # insertion: the text between the prompt and the suffix (FIM)
             req.suffix = text(typed(body, "suffix", str), "suffix")
     req.logprobs = _logprobs(kind, body)
@@ -225,7 +225,8 @@ def _draft_tokens(value: Any) -> int | None:
     raise ApiError(400, f'draft_tokens must be a whole number or "auto" (got {value!r})', param="draft_tokens")
 
 
-def _prompt(value: Any) -> str:
+def prompt_text(value: Any) -> str:
+    """A completion's prompt, as /v1/completions and llama-server's /completion take it: a string, or a list of one."""
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if not isinstance(value, str):

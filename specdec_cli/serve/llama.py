@@ -51,7 +51,7 @@ def parse(kind: str, value: Any) -> api.Request:
         req.extra = _extra(value.get("input_extra"))
         req.continued = _text(value, "prompt")
     else:
-        req.prompt = api._prompt(value.get("prompt"))
+        req.prompt = api.prompt_text(value.get("prompt"))
     for name, neutral in NEUTRAL.items():
         given = value.get(name)
         same = given == neutral and isinstance(given, bool) == isinstance(neutral, bool)  # (true is not 1.0 here)
