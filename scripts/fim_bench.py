@@ -138,8 +138,13 @@ def keystroke(s, files: str, seed: int, n: int) -> None:
         cold = s.infill_tokens(prefix, suffix, chunks)
         first = collect(s.generate(cold, reuse=False, drafter="none", max_tokens=n, corpus=None))
         fold = Fold()
-        for event in s.generate(s.infill_tokens(prefix + "result = compute(val", suffix, chunks), reuse=True,
-                                drafter="none", max_tokens=n, corpus=None):  # fmt: skip
+        for event in s.generate(
+            s.infill_tokens(prefix + "result = compute(val", suffix, chunks),
+            reuse=True,
+            drafter="none",
+            max_tokens=n,
+            corpus=None,
+        ):
             fold.add(event)
         second = fold.result()
         print(

@@ -45,15 +45,31 @@ def bodies(n: int, seed: int, files: str) -> list[dict]:
         line = lines[at]
         indent = len(line) - len(line.lstrip(" \t"))
         cut = indent + (len(line.strip()) // 2)
-        extra = [{"text": Path(p).read_text(errors="replace")[:3000], "time": 0, "filename": Path(p).name}
-                 for p in rng.sample(paths, 2)]  # fmt: skip
-        out.append({
-            "id_slot": 0, "input_prefix": "".join(lines[max(0, at - 256):at]), "prompt": line[:cut],
-            "input_suffix": line[cut:] + "".join(lines[at + 1:at + 65]), "input_extra": extra,
-            "n_predict": 128, "stop": [], "n_indent": indent, "top_k": 40, "top_p": 0.90, "temperature": 0.0,
-            "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
-            "t_max_prompt_ms": 500, "t_max_predict_ms": 100000, "response_fields": FIELDS,
-        })  # fmt: skip
+        extra = [
+            {"text": Path(p).read_text(errors="replace")[:3000], "time": 0, "filename": Path(p).name}
+            for p in rng.sample(paths, 2)
+        ]
+        out.append(
+            {
+                "id_slot": 0,
+                "input_prefix": "".join(lines[max(0, at - 256) : at]),
+                "prompt": line[:cut],
+                "input_suffix": line[cut:] + "".join(lines[at + 1 : at + 65]),
+                "input_extra": extra,
+                "n_predict": 128,
+                "stop": [],
+                "n_indent": indent,
+                "top_k": 40,
+                "top_p": 0.90,
+                "temperature": 0.0,
+                "samplers": ["top_k", "top_p", "infill"],
+                "stream": False,
+                "cache_prompt": True,
+                "t_max_prompt_ms": 500,
+                "t_max_predict_ms": 100000,
+                "response_fields": FIELDS,
+            }
+        )
     return out
 
 
@@ -117,7 +133,7 @@ def main() -> int:
             ],
             18182,
             cases,
-        )  # fmt: skip
+        )
         for drafter in ("none", "auto")
     }
     same_prompt = same_text = same_fields = 0
@@ -134,8 +150,10 @@ def main() -> int:
             f"{t['timings/prompt_n']} / {n['timings/prompt_n']}",
             flush=True,
         )
-    print(f"same prompt tokens {same_prompt}/{len(cases)}, same text {same_text}/{len(cases)} (llama-server, specdec "
-          f"none, specdec auto), same fields and compact JSON {same_fields}/{len(cases)}")  # fmt: skip
+    print(
+        f"same prompt tokens {same_prompt}/{len(cases)}, same text {same_text}/{len(cases)} (llama-server, specdec "
+        f"none, specdec auto), same fields and compact JSON {same_fields}/{len(cases)}"
+    )
     return 0
 
 

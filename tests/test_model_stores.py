@@ -241,8 +241,11 @@ def test_generate_by_each_kind_of_name_gives_the_text_by_path(home, models, smal
 
 def test_unknown_and_ambiguous_names_are_one_line_with_the_closest_and_exit_2(home, models, small, capsys):
     every_store(home, models, small)
-    hf_repo(home / ".cache" / "huggingface" / "hub", "tiny-org/Two-GGUF", {"a/two-Q8_0.gguf": models["target"],
-            "b/two-Q8_0.gguf": models["same"]})  # fmt: skip
+    hf_repo(
+        home / ".cache" / "huggingface" / "hub",
+        "tiny-org/Two-GGUF",
+        {"a/two-Q8_0.gguf": models["target"], "b/two-Q8_0.gguf": models["same"]},
+    )
     code = main(["generate", "hi", "--target", "tiny-org/Tiny-GGUF:Q5_K_M"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[0].startswith("error: --target 'tiny-org/Tiny-GGUF:Q5_K_M': no such file or model")
@@ -363,14 +366,16 @@ def test_hostile_stores_are_skipped_entries_never_a_crash(home, models, small, c
     (bad / "notjson").mkdir(parents=True)
     (bad / "notjson" / "latest").write_text("{{{")
     (bad / "noblob").mkdir()
-    (bad / "noblob" / "latest").write_text(json.dumps({"layers": [{"mediaType": layouts.OLLAMA_MODEL,
-                                                                  "digest": "sha256:" + "1" * 64}]}))  # fmt: skip
+    (bad / "noblob" / "latest").write_text(
+        json.dumps({"layers": [{"mediaType": layouts.OLLAMA_MODEL, "digest": "sha256:" + "1" * 64}]})
+    )
     (bad / "nomodel").mkdir()
     (bad / "nomodel" / "latest").write_text(json.dumps({"layers": [{"mediaType": "x", "digest": 5}]}))
     (o / "blobs" / f"sha256-{'2' * 64}").write_text("not a gguf")
     (bad / "notgguf").mkdir()
-    (bad / "notgguf" / "latest").write_text(json.dumps({"layers": [{"mediaType": layouts.OLLAMA_MODEL,
-                                                                   "digest": "sha256:" + "2" * 64}]}))  # fmt: skip
+    (bad / "notgguf" / "latest").write_text(
+        json.dumps({"layers": [{"mediaType": layouts.OLLAMA_MODEL, "digest": "sha256:" + "2" * 64}]})
+    )
     lms = home / ".lmstudio" / "models" / "evil" / "Repo"
     lms.mkdir(parents=True)
     (lms / "loop-a.gguf").symlink_to(lms / "loop-b.gguf")
@@ -391,17 +396,32 @@ def test_hostile_stores_are_skipped_entries_never_a_crash(home, models, small, c
     names_found = {m["name"] for m in got["models"] if m["source"] != "specdec"}
     assert names_found == set(every_store_names()) | {"x/Fifo-GGUF:Q4_0"}
     skipped = "\n".join(got["skipped"])
-    for needle in ("notjson/latest: Expecting", "model blob sha256-1111", "nomodel/latest: no model layer",
-                   "notgguf/latest: not a GGUF file", "loop-a.gguf", "truncated-Q4_0.gguf: truncated", "empty.gguf",
-                   "fifo.gguf: not a regular file", "locked: Permission denied"):  # fmt: skip
+    for needle in (
+        "notjson/latest: Expecting",
+        "model blob sha256-1111",
+        "nomodel/latest: no model layer",
+        "notgguf/latest: not a GGUF file",
+        "loop-a.gguf",
+        "truncated-Q4_0.gguf: truncated",
+        "empty.gguf",
+        "fifo.gguf: not a regular file",
+        "locked: Permission denied",
+    ):
         assert needle in skipped, needle
     assert main(["models", "list", "-v"]) == 0
     assert "warning: skipped " in capsys.readouterr().err
 
 
 def every_store_names() -> list[str]:
-    return ["tiny-org/Tiny-GGUF:Q8_0", "tiny-org/Tiny-GGUF:F16", "tiny-org/Split-GGUF:Q8_0", "old-org/Old-GGUF",
-            "lmstudio-community/Small-GGUF/Small-Q4_K_M.gguf", "tiny:latest", "hf.co/tiny-org/Tiny-GGUF:Q4_K_M"]  # fmt: skip
+    return [
+        "tiny-org/Tiny-GGUF:Q8_0",
+        "tiny-org/Tiny-GGUF:F16",
+        "tiny-org/Split-GGUF:Q8_0",
+        "old-org/Old-GGUF",
+        "lmstudio-community/Small-GGUF/Small-Q4_K_M.gguf",
+        "tiny:latest",
+        "hf.co/tiny-org/Tiny-GGUF:Q4_K_M",
+    ]
 
 
 def _refuse(path, locked: Path, real):
@@ -430,8 +450,10 @@ def test_ten_thousand_files_end_and_a_huge_tree_stops(home, models, tmp_path, mo
 def test_a_config_pair_names_store_models_and_a_draft_auto(home, models, small, tmp_path, monkeypatch, capsys):
     every_store(home, models, small)
     cfg = tmp_path / "pairs.toml"
-    cfg.write_text('[pairs.mine]\ntarget = "tiny-org/Tiny-GGUF:Q8_0"\ndraft = "auto"\n[pairs.given]\n'
-                   'target = "tiny-org/Tiny-GGUF:Q8_0"\ndraft = "tiny:latest"\ndrafter = "lookup"\n')  # fmt: skip
+    cfg.write_text(
+        '[pairs.mine]\ntarget = "tiny-org/Tiny-GGUF:Q8_0"\ndraft = "auto"\n[pairs.given]\n'
+        'target = "tiny-org/Tiny-GGUF:Q8_0"\ndraft = "tiny:latest"\ndrafter = "lookup"\n'
+    )
     monkeypatch.setenv("SPECDEC_CONFIG", str(cfg))
     assert main(["generate", "hi", "--pair", "mine", "-n", "2", "--json", "-t", "1"]) == 0
     config = json.loads(capsys.readouterr().out)["config"]
