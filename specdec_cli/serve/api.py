@@ -8,8 +8,6 @@ are checked by the run options' own rules (options.OPTIONS), named by the API's 
 
 from __future__ import annotations
 
-import itertools
-import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -19,7 +17,7 @@ from .. import options, ui
 from ..backend import grammar
 from ..chat import Message, Tools
 from ..engine.stats import Stats
-from . import body, chat
+from . import body, chat, cuts
 from .cuts import Probs, StopText  # noqa: F401 (StopText: re-exported)
 from .body import COMMENT, STARTED, WAITING, ApiError, decode, json_type, number, text, typed  # noqa: F401 (ApiError, decode: re-exported)
 
@@ -319,36 +317,8 @@ def usage(stats: Stats, cached: int, predicted: bool = False) -> dict:
 
 
 def logprobs(req: Request, scored: list, offset: int = 0) -> dict | None:
-    """OpenAI's logprobs for these tokens (None where not asked). Chat: {"content": [{token, logprob, bytes,
-    top_logprobs}]}; a completion, the legacy lists (text_offset: from the answer's start, `offset` being where
-    these tokens start; top_logprobs by token text, where two alternatives that read alike keep the likelier).
-    Alternatives the grammar rules out (probability 0, -inf: not JSON) are left out."""
-    if req.logprobs is None:
-        return None
-    if req.kind == "chat":
-
-        def one(token: str, raw: bytes, lp: float) -> dict:
-            return {"token": token, "logprob": lp, "bytes": list(raw)}
-
-        content = [
-            {**one(s.text, s.bytes, s.logprob), "top_logprobs": [one(*t[1:]) for t in s.top if t[3] != -math.inf]}
-            for s in scored
-        ]
-        return {"content": content}
-    offsets = list(itertools.accumulate((len(s.text) for s in scored[:-1]), initial=offset)) if scored else []
-    tops = []
-    for s in scored:
-        top: dict[str, float] = {}
-        for _, token, _, lp in s.top:  # best first: setdefault keeps the likelier of two that read alike
-            if lp != -math.inf:
-                top.setdefault(token, lp)
-        tops.append(top)
-    return {
-        "tokens": [s.text for s in scored],
-        "token_logprobs": [s.logprob for s in scored],
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
+    """OpenAI's logprobs for these tokens in the request's shape (cuts.openai_logprobs); None where not asked."""
+    return None if req.logprobs is None else cuts.openai_logprobs(scored, req.kind == "chat", offset)
 
 
 def completion(req: Request, rid: str, model: str, text: str, finished) -> dict:

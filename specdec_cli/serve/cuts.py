@@ -1,9 +1,11 @@
 """Where a generation's text is cut, and what goes out with it: stop strings (StopText), llama-server's n_indent rule
 (a completion ends where the code leaves the block it was in), and each token's log probabilities (Probs, before the
-text that completes them: Ledger)."""
+text that completes them: Ledger; in OpenAI's shapes: openai_logprobs)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -135,3 +137,34 @@ class Ledger:
             if scored is not None:
                 out.append(scored)
         return count, out
+
+
+def openai_logprobs(scored: list, chat: bool, offset: int = 0) -> dict:
+    """OpenAI's logprobs for these tokens (Scored). Chat: {"content": [{token, logprob, bytes, top_logprobs}]}; a
+    completion, the legacy lists (text_offset: from the answer's start, `offset` being where these tokens start;
+    top_logprobs by token text, where two alternatives that read alike keep the likelier). Alternatives the
+    grammar rules out (probability 0, -inf: not JSON) are left out."""
+    if chat:
+
+        def one(token: str, raw: bytes, lp: float) -> dict:
+            return {"token": token, "logprob": lp, "bytes": list(raw)}
+
+        content = [
+            {**one(s.text, s.bytes, s.logprob), "top_logprobs": [one(*t[1:]) for t in s.top if t[3] != -math.inf]}
+            for s in scored
+        ]
+        return {"content": content}
+    offsets = list(itertools.accumulate((len(s.text) for s in scored[:-1]), initial=offset)) if scored else []
+    tops = []
+    for s in scored:
+        top: dict[str, float] = {}
+        for _, token, _, lp in s.top:  # best first: setdefault keeps the likelier of two that read alike
+            if lp != -math.inf:
+                top.setdefault(token, lp)
+        tops.append(top)
+    return {
+        "tokens": [s.text for s in scored],
+        "token_logprobs": [s.logprob for s in scored],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
