@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import functools
-import platform
 import time
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import Iterator
 
-import llama_cpp
 
 from . import chat as chat_, drafting
-from .backend import cpu, gguf_file, mtp, rpc, vocab
+from .backend import gguf_file, mtp, rpc, vocab
 from .backend.context import Context
 from .backend.grammar import Grammar
 from .backend.native import Model
 from .drafting import cache as lookup_cache
 from .drafting import NEEDS, NEVER, cost, curves, measure
-from .drafting.mtp import HeadCache
+from .drafting.mtp import HeadCache, unusable
 from .drafting.corpus import Corpus
 from .engine import kv
 from .chat import fim
@@ -108,7 +106,8 @@ class Session:
             Context(self.target, n_ctx=n_ctx, n_seq=seqs, snapshots=snapshots, **self._ctx)
         )
         self._draft_ctx_args = dict(n_ctx=draft_n_ctx, n_seq=draft_seqs)
-        about = self._curve_parts(cfg)
+        paths = [cfg.target] + ([self._draft_file] if self._draft_file else [])
+        about = curves.about(paths, cfg.threads, cfg.exact, self.where, AUTO_K_MAX + 1)
         key = curves.key(about)
         kept = curves.load(key, self.warnings.append) if self.speculates and not cfg.remeasure else None
         draft = self.draft_context if self._draft_file else None
@@ -156,22 +155,6 @@ class Session:
             self.curve.draft_load = time.perf_counter() - t0
         return self.draft_ctx
 
-    def _curve_parts(self, cfg: RunConfig) -> dict:
-        """What the cost curve depends on (its key hashes them): this machine, the model files (the target's
-        first), threads, kernels, placement, build."""
-        paths = [cfg.target] + ([self._draft_file] if self._draft_file else [])
-        models = [curves.file_identity(path) for path in paths]  # the draft's even where it is not loaded
-        return {
-            "host": platform.node(),
-            "cpu": cpu.features(),
-            "models": models,
-            "threads": cfg.threads,
-            "exact": cfg.exact,
-            "where": self.where,
-            "llama_cpp": llama_cpp.__version__,
-            "n_max": AUTO_K_MAX + 1,
-        }
-
     def _speculation(self, cfg: RunConfig) -> str:
         """The drafter, once the target's cache is known: auto decodes plainly where it cannot roll back."""
         if cfg.exact and self.target.recurrent:
@@ -200,8 +183,9 @@ class Session:
         """`drafter` where the target can roll back; elsewhere plain decoding for a drafter that falls back to
         it (auto), and an error for the others."""
         kind = drafting.kind(drafter)
-        if kind.heads == NEEDS:
-            self._check_heads(drafter)
+        why = unusable(self.target.name, self.mtp_layers) if kind.heads == NEEDS else None
+        if why:  # (auto drafts without them)
+            raise UsageError(f"--drafter {drafter}: {why[0]}", hint=why[1])
         problem = not kind.plain and self.target.rollback_problem()
         if problem and not kind.falls_back:
             plain = drafting.plain()
@@ -212,21 +196,6 @@ class Session:
                 + ")",
             )
         return drafting.plain() if problem else drafter
-
-    def _check_heads(self, drafter: str) -> None:
-        """--drafter mtp: refused, in one line, where the target has no heads or this llama-cpp-python cannot
-        reach them (auto then simply drafts without them)."""
-        lacks = mtp.missing()
-        if not self.mtp_layers:
-            raise UsageError(
-                f"--drafter {drafter}: {self.target.name} has no MTP (NextN) draft heads",
-                hint="`specdec models info` shows mtp_layers; use --drafter auto or lookup, or a --draft model",
-            )
-        if lacks:
-            raise UsageError(
-                f"--drafter {drafter}: this llama-cpp-python lacks {lacks}, which drafting with MTP heads needs",
-                hint="install llama-cpp-python 0.3.36 or later (README, Install), or use --drafter auto",
-            )
 
     @property
     def uses_chat(self) -> bool:

@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import llama_cpp
+
+from ..backend import cpu
 from ..models.store import home
 from ..outputs import remove_quietly
 
@@ -38,6 +41,21 @@ def folder() -> Path:
     if os.environ.get("SPECDEC_COST_CURVES"):
         return Path(os.path.expanduser(os.environ["SPECDEC_COST_CURVES"]))
     return home() / "curves"
+
+
+def about(paths: list[Path], threads: int, exact: bool, where: str, n_max: int) -> dict[str, Any]:
+    """What a cost curve depends on (its key hashes them): this machine, the model files (the target's first; a
+    draft's even where it is not loaded), threads, kernels, placement, build."""
+    return {
+        "host": platform.node(),
+        "cpu": cpu.features(),
+        "models": [file_identity(path) for path in paths],
+        "threads": threads,
+        "exact": exact,
+        "where": where,
+        "llama_cpp": llama_cpp.__version__,
+        "n_max": n_max,
+    }
 
 
 def key(parts: dict[str, Any]) -> str:

@@ -207,9 +207,7 @@ def _accept(
 def _scored(rows: np.ndarray, states, path: list[int], new: list[int], n: int) -> list:
     """Each new token's log probability and the n best, by the row that chose it: token i by the row after
     token i-1 (the first by the row after the fed token)."""
-    return [
-        log_probs(rows[r], states[r] if states else None, t, n) for t, r in zip(new, [0, *(i + 1 for i in path)])
-    ]
+    return [log_probs(rows[r], states[r] if states else None, t, n) for t, r in zip(new, [0, *(i + 1 for i in path)])]
 
 
 def log_probs(row: np.ndarray, state: State | None, token: int, n: int) -> tuple[float, tuple[tuple[int, float], ...]]:
