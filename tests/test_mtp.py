@@ -256,3 +256,51 @@ def test_the_heads_keep_what_a_servers_next_turn_shares(models):
             assert r.tokens == want, (text, drafter)
         assert r.stats.by_drafter["mtp"].drafted > 0
         assert s.heads().end > len(s.prompt_tokens(first))  # the last turn's answer is in the heads' cells
+
+
+def test_a_file_that_counts_heads_it_does_not_carry_has_none(capsys, models, tmp_path):
+    """nextn_predict_layers kept, the heads' tensors left out (a converter's --no-mtp, a hostile file): llama.cpp
+    loads it, and its heads' graph would abort the process. specdec sees no heads: auto runs without them,
+    --drafter mtp is refused in one line."""
+    from gguf import GGUFReader
+
+    from tiny_models import byte_vocab, mimo2_weights, write_mimo2
+
+    vocab = byte_vocab()
+    trunk = {k: v for k, v in mimo2_weights(1234, len(vocab), heads=1).items() if not k.startswith("blk.2.")}
+    path = write_mimo2(
+        tmp_path / "stripped.gguf", trunk | {"blk.2.attn_norm.weight": trunk["blk.0.attn_norm.weight"]}, vocab
+    )
+    assert GGUFReader(path).fields["mimo2.nextn_predict_layers"].parts[-1][0] == 1
+    assert backend.heads_in_header(path) == 0
+    code, out, err = specdec(capsys, "generate", "hello", "--target", str(path), "-n", "8", "--json")
+    assert code == 0, err
+    assert "mtp" not in json.loads(out)["stats"]["by_drafter"]
+    code, _, err = specdec(capsys, "generate", "hi", "--target", str(path), "--drafter", "mtp")
+    assert code == 2 and "has no MTP (NextN) draft heads" in err
+    code, out, _ = specdec(capsys, "models", "info", str(path), "--json")
+    assert code == 0 and json.loads(out)["mtp_layers"] == 0
+
+
+def test_a_server_drafts_with_the_heads_per_request(models):
+    """`specdec serve` on a model with heads: a request may ask for them (drafter mtp) or not, and gets the same
+    text; a server whose target has none answers such a request with a 400 that says so, and goes on."""
+    from test_serve import Served
+
+    body = {"prompt": "Hello there", "max_tokens": 20, "temperature": 0}
+    s = Served("--target", models["mtp_one"], "--debug", "--no-lookup-cache")
+    try:
+        answers = [s.post("/v1/completions", body | extra) for extra in ({"drafter": "mtp"}, {"drafter": "none"}, {})]
+    finally:
+        assert s.stop() == 0
+    assert all(status == 200 for status, _, _ in answers)
+    texts = {obj["choices"][0]["text"] for _, _, obj in answers}
+    assert len(texts) == 1
+    assert answers[0][2]["speculative"]["by_drafter"]["mtp"]["drafted"] > 0
+    s = Served("--target", models["target"], "--no-lookup-cache")
+    try:
+        status, _, obj = s.post("/v1/completions", body | {"drafter": "mtp"})
+        assert status == 400 and "has no MTP (NextN) draft heads" in obj["error"]["message"]
+        assert s.post("/v1/completions", body)[0] == 200
+    finally:
+        assert s.stop() == 0

@@ -59,12 +59,22 @@ def _ext():
 
 
 def heads_in_header(path: Path) -> int:
-    """The NextN heads a GGUF says it carries ({arch}.nextn_predict_layers; 0: none), from its header alone."""
+    """The NextN heads a GGUF carries, from its header alone: {arch}.nextn_predict_layers, where the last that many
+    blocks have their heads' tensors (a file may keep the count and leave the heads out: llama.cpp loads it, and
+    its heads' graph would abort); 0: none."""
     try:
-        meta = gguf_file.header(gguf_file.check(path)).metadata  # (check first: a FIFO is refused, not read)
+        h = gguf_file.header(gguf_file.check(path))  # (check first: a FIFO is refused, not read)
     except (SpecdecError, OSError, gguf_file.Malformed):  # not a GGUF it can read: loading it says why
         return 0
-    return gguf_file.int_value(meta, f"{meta.get('general.architecture')}.nextn_predict_layers") or 0
+    arch = h.metadata.get("general.architecture")
+    n = gguf_file.int_value(h.metadata, f"{arch}.nextn_predict_layers") or 0
+    blocks = gguf_file.int_value(h.metadata, f"{arch}.block_count") or 0
+    if not 0 < n <= blocks:
+        return 0
+    names = {t.name for t in h.tensors}
+    parts = ("eh_proj", "enorm", "hnorm")
+    whole = all(f"blk.{b}.nextn.{part}.weight" in names for b in range(blocks - n, blocks) for part in parts)
+    return n if whole else 0
 
 
 class Heads:
