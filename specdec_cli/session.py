@@ -98,6 +98,7 @@ class Session:
         check_memory(
             [(n_ctx * self.target.kv_bytes_per_token(), self.target.state_bytes() * (1 + snapshots) * seqs)]
             + ([(draft_n_ctx * info.kv_bytes_per_token(), info.state_bytes() * draft_seqs)] if info else [])
+            + ([(mtp.kv_bytes(self.target, n_ctx, self.mtp_layers), 0)] if self.target.heads else [])
         )
         # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: ModelDrafter caps a tree's nodes
         # at MAX_DRAFT_TOKENS (max_nodes, below).

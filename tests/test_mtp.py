@@ -304,3 +304,16 @@ def test_a_server_drafts_with_the_heads_per_request(models):
         assert s.post("/v1/completions", body)[0] == 200
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize("name", ["mtp", "mtp_one"])
+def test_the_heads_draft_to_the_end_of_the_context(models, name):
+    """Every head's sequence holds every position the target does: chained heads (a sequence each) too, up to
+    the context's last position (a cache shared by the heads' sequences ran out of cells halfway)."""
+    runs = {}
+    for drafter in ("none", "mtp"):
+        cfg = config(models, None, target=models[name], drafter=drafter, p_min=0.0, ctx_size=256, max_tokens=400)
+        with open_session(cfg) as s:
+            runs[drafter] = collect(s.generate(s.prompt_tokens("Hello there")))
+    assert runs["mtp"].tokens == runs["none"].tokens
+    assert runs["mtp"].stats.stop_reason == "context" and runs["mtp"].stats.accepted > 0

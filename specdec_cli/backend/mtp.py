@@ -22,7 +22,7 @@ import numpy as np
 import llama_cpp.llama_cpp as L
 
 from ..errors import SpecdecError
-from . import gguf_file
+from . import gguf_file, memory
 from .context import Context
 from .native import last_log_error
 
@@ -77,6 +77,14 @@ def heads_in_header(path: Path) -> int:
     return n if whole else 0
 
 
+def kv_bytes(model, n_ctx: int, heads: int) -> int:
+    """What the heads' caches take: a sequence per head, each n_ctx positions of every head's block, a block's
+    keys and values as one of the target's attention layers' (memory.kv_bytes_per_token's, per layer)."""
+    recurrent = len(memory.recurrent_layers(gguf_file.header(model.path))) if model.recurrent else 0
+    layers = max(L.llama_model_n_layer(model._ptr) - recurrent, 1)
+    return n_ctx * heads * heads * model.kv_bytes_per_token() // layers
+
+
 class Heads:
     """A target's NextN heads in their own llama.cpp context (type MTP, linked to the target's), one sequence
     per head: chained heads (head i drafts token i + 1) each keep their own cells of the same positions.
@@ -97,11 +105,13 @@ class Heads:
         self.n_embd = int(L.llama_model_n_embd_out(model._ptr)) or int(L.llama_model_n_embd(model._ptr))
         self.n_vocab = target.n_vocab
         params = L.llama_context_default_params()
-        params.n_ctx = target.n_ctx
+        # Each head's sequence holds every position of the text: a cache of its own per sequence, as long as
+        # the target's (one shared cache of n_ctx cells would fill at 1/n of the context).
+        params.n_ctx = target.n_ctx * self.n
         params.n_batch = params.n_ubatch = min(target.n_ctx, BATCH)
         params.n_seq_max = self.n
         params.n_threads = params.n_threads_batch = n_threads
-        params.kv_unified = True
+        params.kv_unified = False
         params.swa_full = True  # a rollback must find its cells (as the target's context keeps them)
         params.n_outputs_max = self.n  # a decode's last row (llama.cpp reserves a row per sequence)
         params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
