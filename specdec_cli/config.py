@@ -17,7 +17,7 @@ from .backend import grammar, mtp
 from .errors import SpecdecError, UsageError
 from .inputs import read_file
 from .outputs import kind_name
-from .drafting import DRAFTERS
+from .drafting import DRAFTERS, NEVER
 from .models import names, pairing
 from .models.catalog import BUILTIN_PAIRS, DEFAULT_PAIR
 from .options import MAX_PREDICTION, OPTIONS, PAIR_KEYS, OptionError, RunConfig, parse_draft_tokens
@@ -180,7 +180,8 @@ def _draft(merged: dict, on_command_line: bool, target: Path, model_dirs: tuple[
         }
     if drafter in DRAFTERS and not DRAFTERS[drafter].uses_model:
         return {"draft": None}
-    if ref is None and mtp.heads_in_header(target) and mtp.missing() is None:  # its own heads draft cheapest
+    uses_heads = drafter is None or drafter in DRAFTERS and DRAFTERS[drafter].heads != NEVER
+    if ref is None and uses_heads and mtp.usable(target):  # its own heads draft cheapest
         return {"draft": None, "draft_choice": "the target's own MTP heads"} | ({} if drafter else {"drafter": "auto"})
     entry, why = pairing.for_target(target, model_dirs)
     out = {"draft": entry.path if entry else None, "draft_chosen_by": "auto" if entry else None, "draft_choice": why}

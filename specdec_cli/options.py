@@ -338,6 +338,8 @@ class RunConfig:
     def override(self, **changes: Any) -> RunConfig:
         """This configuration with some settings changed (a request's, a bench row's), by the same rules; the
         others keep their values (a request for another drafter keeps the server's -k)."""
+        if "drafter" in changes and "p_min" not in changes and self.p_min == DRAFTERS[self.drafter].p_min:
+            changes = {**changes, "p_min": ...}  # the drafter's own floor (Kind.p_min), as a run of it would get
         return replace(self, **changes) if changes else self
 
     @property

@@ -8,7 +8,6 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Iterator
 
-
 from . import chat as chat_, drafting
 from .backend import gguf_file, mtp, rpc, vocab
 from .backend.context import Context
@@ -57,13 +56,14 @@ class Session:
         self.where = f"rpc {rpc.label(servers)}" if servers else "local"
         self._local = rpc.local_gpus() if servers or rpc.in_use() else None
         target_devices = rpc.devices(servers) + self._local if servers else self._local
-        # The target's own draft heads (MTP), loaded where it has them (a run, a request, a bench row may draft
-        # with them; their weights are a layer's or two, and a run that does not use them never runs them).
+        # The target's own draft heads (MTP), loaded where it has them and the drafter may draft with them (auto,
+        # mtp: then a request or a bench row may too). A MoE model's heads hold an expert layer's weights.
         self.mtp_layers = mtp.heads_in_header(gguf_file.check(cfg.target))
-        heads = self.mtp_layers > 0 and mtp.missing() is None
+        heads = drafting.kind(cfg.drafter).heads != NEVER and mtp.usable(cfg.target)
         # Exact mode changes how the target computes; the draft's numerics never change the output.
         self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, devices=target_devices, heads=heads))
         self._heads: HeadCache | None = None  # opened at the first run that drafts with them (`heads`)
+        self._heads_failed: SpecdecError | None = None
         self.warnings: list[str] = []  # for the command to show, once
         self.drafter = self._speculation(cfg)  # the drafter, plain decoding where the target cannot roll back
         self.speculates = not drafting.kind(self.drafter).plain
@@ -129,9 +129,16 @@ class Session:
         self.load_seconds = time.perf_counter() - t0
 
     def heads(self) -> HeadCache:
-        """The target's MTP heads beside its context, opened on first use."""
+        """The target's MTP heads beside its context, opened on first use; a failure to open them is raised again,
+        not tried again (as the draft model's)."""
+        if self._heads_failed is not None:
+            raise self._heads_failed
         if self._heads is None:
-            self._heads = HeadCache(self._stack.enter_context(mtp.Heads(self.target_ctx, self.cfg.threads)))
+            try:
+                self._heads = HeadCache(self._stack.enter_context(mtp.Heads(self.target_ctx, self.cfg.threads)))
+            except SpecdecError as e:
+                self._heads_failed = e
+                raise
         return self._heads
 
     @property
@@ -184,7 +191,7 @@ class Session:
         """`drafter` where the target can roll back; elsewhere plain decoding for a drafter that falls back to
         it (auto), and an error for the others."""
         kind = drafting.kind(drafter)
-        why = unusable(self.target.name, self.mtp_layers) if kind.heads == NEEDS else None
+        why = unusable(self.target.name, self.mtp_layers, self.target.heads) if kind.heads == NEEDS else None
         if why:  # (auto drafts without them)
             raise UsageError(f"--drafter {drafter}: {why[0]}", hint=why[1])
         problem = not kind.plain and self.target.rollback_problem()

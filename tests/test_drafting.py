@@ -221,6 +221,7 @@ def test_auto_learns_lookup_acceptance_from_rounds_it_did_not_draft():
 
 def test_auto_prefers_plain_to_a_draft_model_that_costs_too_much():
     class NeverCalled:
+        name = "model"
         failed = False
 
         def take_notice(self):

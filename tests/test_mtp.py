@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 from conftest import config, run_engine, same_distribution, sample_counts
 
 from specdec_cli import drafting
 from specdec_cli.backend import mtp as backend
 from specdec_cli.cli import main
-from specdec_cli.drafting.mtp import PROMPT_ROWS, MtpDrafter
+from specdec_cli.drafting.mtp import MAX_LAG, PROMPT_ROWS, HeadCache, MtpDrafter
 from specdec_cli.engine import shapes as tree_module
 from specdec_cli.engine.events import Round
 from specdec_cli.engine.stats import collect
+from specdec_cli.errors import SpecdecError
+from specdec_cli.options import RunConfig
 from specdec_cli.session import open_session
 
 HEADS = ["mtp", "mtp_one", "qwen35_mtp"]
@@ -297,13 +300,17 @@ def test_a_server_drafts_with_the_heads_per_request(models):
     texts = {obj["choices"][0]["text"] for _, _, obj in answers}
     assert len(texts) == 1
     assert answers[0][2]["speculative"]["by_drafter"]["mtp"]["drafted"] > 0
-    s = Served("--target", models["target"], "--no-lookup-cache")
-    try:
-        status, _, obj = s.post("/v1/completions", body | {"drafter": "mtp"})
-        assert status == 400 and "has no MTP (NextN) draft heads" in obj["error"]["message"]
-        assert s.post("/v1/completions", body)[0] == 200
-    finally:
-        assert s.stop() == 0
+    for target, drafter, why in (
+        (models["target"], "auto", "has no MTP (NextN) draft heads"),
+        (models["mtp_one"], "lookup", "was loaded without its MTP heads"),  # its drafter never uses them
+    ):
+        s = Served("--target", target, "--drafter", drafter, "--no-lookup-cache")
+        try:
+            status, _, obj = s.post("/v1/completions", body | {"drafter": "mtp"})
+            assert status == 400 and why in obj["error"]["message"]
+            assert s.post("/v1/completions", body)[0] == 200
+        finally:
+            assert s.stop() == 0
 
 
 @pytest.mark.parametrize("name", ["mtp", "mtp_one"])
@@ -317,3 +324,52 @@ def test_the_heads_draft_to_the_end_of_the_context(models, name):
             runs[drafter] = collect(s.generate(s.prompt_tokens("Hello there")))
     assert runs["mtp"].tokens == runs["none"].tokens
     assert runs["mtp"].stats.stop_reason == "context" and runs["mtp"].stats.accepted > 0
+
+
+def test_a_drafters_own_floor_follows_a_change_of_drafter(models):
+    """A request or bench row for mtp on a session of another drafter gets mtp's p-min, unless it names one; a
+    request for another drafter on an mtp session does not inherit mtp's."""
+    auto = RunConfig(target=models["mtp"], drafter="auto")
+    assert auto.p_min == 0.0 and auto.override(drafter="mtp").p_min == 0.6
+    assert auto.override(drafter="mtp", p_min=0.1).p_min == 0.1
+    assert RunConfig(target=models["mtp"], drafter="mtp").override(drafter="lookup").p_min == 0.0
+    assert RunConfig(target=models["mtp"], drafter="mtp", p_min=0.3).override(drafter="lookup").p_min == 0.3
+
+
+class FakeHeads:
+    """What HeadCache asks of backend/mtp.Heads, without llama.cpp: the cells it was told to forget."""
+
+    n, n_embd = 1, 4
+
+    def __init__(self):
+        self.taken, self.forgotten = [], []
+
+    def forget(self, p0):
+        self.forgotten.append(p0)
+
+
+def test_heads_that_fell_far_behind_start_again_where_the_rows_reach():
+    """Rounds without the heads (auto drafting otherwise) leave them MAX_LAG positions behind: they start again at
+    the oldest row kept and are fed from there to the last committed token, not emptied to draft nothing."""
+    cache = HeadCache(FakeHeads())
+    n = 1000
+    cache.heads.taken.append((list(range(n - 1)), [(0,)] * (n - 1), np.zeros((n - 1, 4), np.float32)))
+    cache.begin(list(range(n - 1)))
+    tokens, hidden = cache.pairs(list(range(n)))
+    assert tokens and cache.start + len(tokens) == n  # fed through the last committed token
+    assert len(tokens) <= MAX_LAG + 2 and len(hidden) == len(tokens)
+
+
+def test_heads_llama_cpp_will_not_open_leave_auto_without_them(capsys, models, monkeypatch):
+    """llama.cpp may refuse the heads a context (an architecture it loads heads for and cannot run, memory): auto,
+    the default, drafts without them; --drafter mtp says why in one line."""
+
+    def refuse(*args, **kw):
+        raise SpecdecError("llama.cpp cannot draft with the MTP heads of mtp.gguf: no context")
+
+    monkeypatch.setattr(backend, "Heads", refuse)
+    code, out, err = specdec(capsys, "generate", "hello", "--target", str(models["mtp"]), "-n", "8", "--json")
+    assert code == 0, err
+    assert "mtp" not in json.loads(out)["stats"]["by_drafter"]
+    code, _, err = specdec(capsys, "generate", "hello", "--target", str(models["mtp"]), "--drafter", "mtp")
+    assert code == 1 and err.startswith("error: llama.cpp cannot draft with the MTP heads"), err

@@ -33,6 +33,12 @@ FIELDS = (
     ("llama_context_params", "ctx_type"),
     ("llama_context_params", "ctx_other"),
 )
+# The architectures whose NextN heads llama.cpp (0.3.36's) runs: they build an MTP graph (LLM_GRAPH_TYPE_DECODER_MTP).
+# Others may carry the tensors (glm4, exaone4 load them and never run them).
+ARCHITECTURES = frozenset(
+    "bailingmoe3 cohere2moe deepseek2 deepseek32 deepseek4 glm-dsa glm4moe glm5-next hy_v3 mimo2 nemotron_h_moe "
+    "qwen35 qwen35moe qwen3next step35".split()
+)
 BATCH = 512  # rows of one heads decode: a round's pairs; a longer catch-up goes in pieces
 
 
@@ -67,6 +73,8 @@ def heads_in_header(path: Path) -> int:
     except (SpecdecError, OSError, gguf_file.Malformed):  # not a GGUF it can read: loading it says why
         return 0
     arch = h.metadata.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        return 0
     n = gguf_file.int_value(h.metadata, f"{arch}.nextn_predict_layers") or 0
     blocks = gguf_file.int_value(h.metadata, f"{arch}.block_count") or 0
     if not 0 < n <= blocks:
@@ -75,6 +83,11 @@ def heads_in_header(path: Path) -> int:
     parts = ("eh_proj", "enorm", "hnorm")
     whole = all(f"blk.{b}.nextn.{part}.weight" in names for b in range(blocks - n, blocks) for part in parts)
     return n if whole else 0
+
+
+def usable(path: Path) -> bool:
+    """Whether the model at `path` has heads this llama-cpp-python can draft with."""
+    return heads_in_header(path) > 0 and missing() is None
 
 
 def kv_bytes(model, n_ctx: int, heads: int) -> int:
@@ -125,6 +138,9 @@ class Heads:
         self.memory = L.llama_get_memory(self._ptr)
         self.n_batch = L.llama_n_batch(self._ptr)
         self._batch = L.llama_batch_init(self.n_batch, self.n_embd, 1)
+        if not self._batch.embd:
+            L.llama_free(self._ptr)
+            raise SpecdecError(f"cannot allocate a batch for the MTP heads of {model.name}")
         self._tokens = (L.llama_token * self.n_batch)()  # an embeddings batch has no token array of its own
         self._batch.token = self._tokens
         self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))

@@ -78,7 +78,7 @@ def plan(
         if message:
             raise UsageError(message)
     prompt_list = suite.load(prompts, cats)
-    has_heads = mtp.heads_in_header(cfg.target) > 0 and mtp.missing() is None
+    has_heads = mtp.usable(cfg.target)
     names = _drafters(drafters, cfg.draft is not None, branch_list, branches, has_heads)
     # One session serves every row: with the draft loaded if a row may use it; rows pick their drafter.
     kinds = [drafting.kind(n) for n in names]

@@ -2,8 +2,9 @@
 for a run, in one call.
 
 model.py drafts with a small model (a chain is a tree of one branch) over a window of the text (window.py);
-mtp.py with the target's own draft heads (MTP), from its hidden states; lookup.py copies from the predicted answer (prediction.py), the text, the user's instruction (hints.py) and
-earlier answers (corpus.py, kept on disk by cache.py); auto.py chooses among them every round by the cost model
+mtp.py with the target's own draft heads (MTP), from its hidden states; lookup.py copies from the predicted answer
+(prediction.py), the text, the user's instruction (hints.py) and earlier answers (corpus.py, kept on disk by
+cache.py); auto.py chooses among them every round by the cost model
 (cost.py). Adding a drafter: a `Drafter` subclass and one `declare(Kind(...))`. The command line's choices, the
 options' rules, the config, the statistics, the bench and the server read the traits; nothing outside this
 package compares drafter names.
@@ -16,6 +17,7 @@ from typing import Any, Callable
 
 from ..engine.drafter import Drafter, NoDrafter
 from ..engine.kv import Sequence
+from ..errors import SpecdecError
 from .auto import AutoDrafter
 from .corpus import Corpus
 from .cost import Costs
@@ -78,9 +80,16 @@ class Sources:
         grammar = self.grammar() if self.grammar is not None else None
         return MtpDrafter(self.heads(), self.p_min, self.vocab, grammar, self.is_eog)
 
-    def model_source(self) -> ModelDrafter | MtpDrafter | None:
-        """Auto's model source: the draft model where there is one, else the target's own heads, else none."""
-        return self.draft_model() if self.draft is not None else self.mtp()
+    def model_source(self, heads: bool = False) -> ModelDrafter | MtpDrafter | None:
+        """Auto's model source: the draft model where there is one (and `heads` does not ask for the heads), else
+        the target's own heads where they open (llama.cpp may refuse them a context: auto then drafts without
+        them), else none."""
+        if self.draft is not None and not heads:
+            return self.draft_model()
+        try:
+            return self.mtp()
+        except SpecdecError:
+            return None
 
     def lookup(self) -> LookupDrafter:
         return LookupDrafter.for_instruction(self.instruction, self.corpus, self.tokenize, self.piece, self.predicted())
@@ -89,10 +98,11 @@ class Sources:
         """The predicted answer as lookup's first source (a new cursor per drafter); None without one."""
         return Prediction(self.prediction, line_ends(self.piece)) if self.prediction else None
 
-    def auto(self, lookup: bool = True, model: bool = True) -> AutoDrafter:
+    def auto(self, lookup: bool = True, model: bool = True, heads: bool = False) -> AutoDrafter:
+        """heads: the target's heads as the model source even where there is a draft model (mtp -k auto)."""
         costs = self.costs()
         forced = Forced(self.grammar(), self.tokenize, self.piece) if self.grammar is not None else None
-        source = self.model_source() if model else None
+        source = self.model_source(heads) if model else None
         if isinstance(source, MtpDrafter) and costs.draft is None:  # a head's decode: measured once (milliseconds)
             costs.draft = source.cache.time_one()
         return AutoDrafter(
@@ -207,7 +217,7 @@ declare(Kind(name="model", build=_model, model=NEEDS, trees=True, cost="model", 
 declare(
     Kind(
         name="mtp",
-        build=lambda s: s.mtp() if s.k is not None else s.auto(lookup=False),
+        build=lambda s: s.mtp() if s.k is not None else s.auto(lookup=False, heads=True),
         heads=NEEDS,
         k=2,  # llama.cpp's MTP users found 2 tokens with a 0.6 floor ~1.9x where its defaults (3, none) lost
         p_min=0.6,

@@ -137,7 +137,7 @@ class AutoDrafter(Drafter):
         self.max_tokens = max_tokens  # the answer's bound: what is left of it pays back the draft model's prefill
         self._prompt = 0
         # The model source: the draft model, or the target's own heads (drafting/mtp.py), by its Draft.source.
-        self.model_source = getattr(draft_model, "name", "model")
+        self.model_source = draft_model.name if draft_model is not None else "model"
         self.promises = {"lookup": Promise(), self.model_source: Promise()}  # by Draft.source
         self.lookup = lookup
         self.forced = forced  # a constrained run: what its grammar forces next, one more candidate
@@ -302,7 +302,7 @@ class AutoDrafter(Drafter):
         if self.draft_model is not None:
             # A lookup tree's branches live in the target's context only: the draft has just its main sequence
             # (the heads, which mirror the target's cache, follow its winner whoever drafted).
-            mine = draft.source == self.model_source or getattr(self.draft_model, "follows_target", False)
+            mine = draft.source == self.model_source or self.draft_model.follows_target
             self.draft_model.rollback(n, draft, winner if mine else 0)
 
     def check(self, committed: list[int]) -> None:

@@ -62,7 +62,6 @@ class ModelDrafter(Drafter):
     `loaded`: whether the draft model is loaded (opening it may load it)."""
 
     name = "model"
-    follows_target = False  # its rollback's winner is one of its own branches (a tree it drafted)
 
     def __init__(
         self,

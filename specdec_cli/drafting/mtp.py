@@ -30,8 +30,9 @@ MAX_LAG = 256  # positions the heads may fall behind (rounds without them); furt
 KEEP = 64  # the target's hidden states kept behind the heads' last position (a run that rolls back a little)
 
 
-def unusable(name: str, layers: int) -> tuple[str, str] | None:
-    """Why a target's heads cannot draft, and a hint (model `name`, with `layers` heads); None: they can."""
+def unusable(name: str, layers: int, loaded: bool = True) -> tuple[str, str] | None:
+    """Why a target's heads cannot draft, and a hint (model `name`, with `layers` heads, `loaded` with them or
+    not); None: they can."""
     if not layers:
         return (
             f"{name} has no MTP (NextN) draft heads",
@@ -42,6 +43,11 @@ def unusable(name: str, layers: int) -> tuple[str, str] | None:
         return (
             f"this llama-cpp-python lacks {lacks}, which drafting with MTP heads needs",
             "install llama-cpp-python 0.3.36 or later (README, Install), or use --drafter auto",
+        )
+    if not loaded:
+        return (
+            f"{name} was loaded without its MTP heads (this session's drafter never drafts with them)",
+            "start it with --drafter mtp or auto",
         )
     return None
 
@@ -109,7 +115,8 @@ class HeadCache:
             del self.text[max(last - self.start, 0) :]
         if self.end - 1 not in self.hidden or last - self.end > MAX_LAG:
             held = sorted(p for p in self.hidden if p >= last - MAX_LAG - 1)
-            run = next((p for p in reversed(held) if p - 1 not in self.hidden), None)  # the newest unbroken stretch
+            # the newest unbroken stretch's first row (its oldest kept, where there is no gap)
+            run = next((p for p in reversed(held) if p - 1 not in self.hidden), held[0] if held else None)
             self.restart((run if run is not None else last) + 1)
         n = 0
         while self.end + n <= last and self.end + n - 1 in self.hidden:
@@ -180,7 +187,7 @@ class MtpDrafter(Drafter):
 
     def lag(self, committed: list[int], k: int = 1, size=None) -> int:
         """Pairs the next draft feeds: the positions committed since the heads were last fed (1 in step)."""
-        return max(len(committed) - self.cache.end, 1)
+        return min(max(len(committed) - self.cache.end, 1), MAX_LAG + 1)  # further behind, they start afresh
 
     def propose(
         self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator, policy: DraftPolicy = FIXED
@@ -200,6 +207,7 @@ class MtpDrafter(Drafter):
         try:
             return replace(self._draft(tokens, hidden, committed, k, sampler, rng, policy), fed=lag - 1)
         except NonFiniteLogits as e:
+            self.cache.restart(0)  # some heads were fed the pairs, not all: none are trusted
             self.failed = True
             self._notice = (
                 f"the MTP heads produced non-finite logits ({e}): they no longer draft; the output is unaffected"
@@ -252,6 +260,7 @@ class MtpDrafter(Drafter):
                 decodes += 1
             for head in range(decodes if heads.n > 1 else heads.n, heads.n):  # heads this round did not reach
                 heads.decode(head, tokens, first, hidden)
+                decodes += 1
         finally:
             heads.forget(first + len(tokens))  # the drafts' cells go; the pairs are committed text
         cache.fed(tokens)
@@ -262,7 +271,7 @@ class MtpDrafter(Drafter):
             k=k,
             confidence=tuple(confidence),
             entropy=sum(entropies) / len(entropies) if entropies else None,
-            decodes=len(drafted),
+            decodes=decodes if drafted else 0,  # every decode this round spent (the cost model's per token)
         )
 
     def rollback(self, n: int, draft: Draft | None = None, winner: int = 0) -> None:

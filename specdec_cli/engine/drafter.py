@@ -59,6 +59,9 @@ class Drafter:
     # The prompt's last tokens whose target rows it reads (their hidden states: drafting/mtp.py): the prompt's
     # decode outputs them (0: its last row alone, as always).
     prompt_rows = 0
+    # Its cache mirrors the target's (the MTP heads'): its rollback follows the target's winning branch, whoever
+    # drafted the round; else the winner is one of its own branches, where it drafted a tree.
+    follows_target = False
 
     def prefill(self, tokens: list[int]) -> None:
         """The prompt but its last token, once, before the first round (a cache may hold a prefix of it)."""
