@@ -193,7 +193,7 @@ def test_auto_learns_lookup_apart_where_the_target_hesitated():
 class DraftModelStandIn:
     """What auto asks of a draft model it never drafts with (it failed), recording rollbacks."""
 
-    failed, max_branches = True, 1
+    name, failed, max_branches, follows_target = "model", True, 1, False
 
     def __init__(self):
         self.rollbacks: list[tuple[int, int]] = []
