@@ -323,8 +323,10 @@ def unit_rms(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def quiet(weights: dict[str, np.ndarray], layers: list[int], factor: float = 0.1) -> dict[str, np.ndarray]:
     """Scale down what these layers add to the residual stream (their output projections)."""
     outs = ("ffn_down.weight", "attn_output.weight", "ssm_out.weight")
-    return {k: v * factor if k.startswith("blk.") and int(k.split(".")[1]) in layers and k.endswith(outs) else v
-            for k, v in weights.items()}  # fmt: skip
+    return {
+        k: v * factor if k.startswith("blk.") and int(k.split(".")[1]) in layers and k.endswith(outs) else v
+        for k, v in weights.items()
+    }
 
 
 def mtp_heads(weights: dict[str, np.ndarray], copy: int, first: int, n: int, seed: int, mirror: bool = False):

@@ -165,7 +165,7 @@ class Context:
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
         first_out = min(max(first_out, 0), n - 1)
-        out_pos, out_seqs = pos[first_out:], seqs[first_out:]
+        asked = pos, seqs  # (the twin below is not one of them)
         twin = self._twin_seq is not None and first_out == n - 1
         if twin:  # one output row: its twin makes the output matmul (and a lone token's every one) two wide
             tokens, pos, seqs = [*tokens, tokens[-1]], [*pos, pos[-1]], [*seqs, (self._twin_seq,)]
@@ -181,7 +181,7 @@ class Context:
             why = {1: "no free slot in the KV cache (context full)", 2: "aborted"}.get(rc, f"code {rc}")
             raise SpecdecError(f"llama_decode failed on {self.model.name}: {why}")
         if self.tap is not None:
-            self.tap(out_pos, out_seqs)
+            self.tap(asked[0][first_out:], asked[1][first_out:])
         ptr = L.llama_get_logits(self._ptr)
         return np.ctypeslib.as_array(ptr, shape=(n - first_out, self.n_vocab))
 
