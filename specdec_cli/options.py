@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import drafting
+from .backend import devices
 from .backend.rpc import problem as rpc_problem
-from .declaration import Option, at_least, finite, option, within
+from .declaration import Check, Option, at_least, finite, option, within
 from .drafting import DRAFT_TOKENS, DRAFT_WINDOW, DRAFTERS, NEEDS
 from .drafting.window import MIN_WINDOW
 from .engine.sampling import Sampler
@@ -45,6 +46,23 @@ def default_threads() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+class _Said(str):
+    """A rule whose words depend on the value (Option.problem formats a rule with it): `said` gives one."""
+
+    def __new__(cls, problem: Callable[[Any], str | None]) -> _Said:
+        rule = super().__new__(cls, "{v}")
+        rule.problem = problem
+        return rule
+
+    def format(self, *args: Any, v: Any = None, **kwargs: Any) -> str:
+        return self.problem(v) or ""
+
+
+def said(problem: Callable[[Any], str | None]) -> Check:
+    """A check whose rule `problem(value)` words itself (None: the value passes), e.g. naming the devices there are."""
+    return (lambda v: problem(v) is None), _Said(problem)
 
 
 def parse_draft_tokens(value: int | str | None) -> int | None:
@@ -204,7 +222,7 @@ class RunConfig:
         "-c",
         "--ctx-size",
         type=int,
-        help=f"Context size in tokens [the smaller of {CTX_SIZE} and what the target was trained for].",
+        help=f"Context size in tokens \\[the smaller of {CTX_SIZE} and what the target was trained for].",
         config=(int,),
         checks=(at_least(MIN_CTX),),
     )
@@ -247,6 +265,70 @@ class RunConfig:
         config=(str,),
         checks=((lambda v: rpc_problem(v) is None, "must be HOST:PORT[,HOST:PORT...], each server once (got {v!r})"),),
         env="SPECDEC_RPC",
+    )
+    gpu_layers: int | str = option(
+        "-ngl",
+        "--gpu-layers",
+        type=str,
+        default="auto",
+        help="Target layers on the GPUs, as llama.cpp counts them (its n_layer + 1 is every layer, the output layer "
+        "the first offloaded): a number, 'all', or 'auto': every layer where they fit the devices' free memory, "
+        "else as many as fit \\[auto].",
+        config=(int, str),
+        checks=(said(devices.layers_problem),),
+    )
+    gpu_layers_draft: int | str = option(
+        "-ngld",
+        "--gpu-layers-draft",
+        type=str,
+        default="auto",
+        help="Draft model layers on the GPUs, as -ngl \\[auto].",
+        config=(int, str),
+        checks=(said(devices.layers_problem),),
+    )
+    device: str | None = option(
+        "-dev",
+        "--device",
+        type=str,
+        help="Devices to offload the target to, comma-separated (e.g. CUDA0,CUDA1), or none (no offload) "
+        "\\[every GPU; with --rpc, the servers' devices come first].",
+        config=(str,),
+        checks=(said(devices.names_problem),),
+    )
+    device_draft: str | None = option(
+        "-devd",
+        "--device-draft",
+        type=str,
+        help="Devices to offload the draft model to, or none [-dev's; never an RPC server's].",
+        config=(str,),
+        checks=(said(devices.names_problem),),
+    )
+    split_mode: str = option(
+        "-sm",
+        "--split-mode",
+        type=str,
+        default="layer",
+        help="How to split the layers between several GPUs: none (one GPU: -mg), layer (whole layers, by -ts), row "
+        "(rows of each matrix), tensor (tensor parallel, experimental) \\[layer].",
+        config=(str,),
+        checks=((lambda v: v in devices.SPLIT_MODES, "must be one of none, layer, row, tensor (got {v!r})"),),
+    )
+    tensor_split: str | None = option(
+        "-ts",
+        "--tensor-split",
+        type=str,
+        help="The share of the offloaded layers each device gets, in -dev's order, e.g. 3,1 \\[by free memory].",
+        config=(str,),
+        checks=(said(devices.split_problem),),
+    )
+    main_gpu: int = option(
+        "-mg",
+        "--main-gpu",
+        type=int,
+        default=0,
+        help="With -sm none, the device (an index into -dev's list) that holds the whole model [0].",
+        config=(int,),
+        checks=((lambda v: v >= 0, "must be 0 or more: an index into the devices (got {v})"),),
     )
     chat: bool | None = option(
         "--chat/--no-chat",
@@ -327,6 +409,8 @@ class RunConfig:
             rule = o.problem(getattr(self, o.key))
             if rule:
                 raise OptionError(o.key, rule)
+        for key in ("gpu_layers", "gpu_layers_draft"):  # "17" as the command line gives it: 17
+            derive(self, key, devices.layers(getattr(self, key)))
         if self.json_schema is not None and self.grammar is not None:
             raise UsageError("--json-schema and --grammar each constrain the answer: give one of them")
         if kind.model == NEEDS and self.draft is None:
@@ -373,6 +457,8 @@ class RunConfig:
 
 OPTIONS: tuple[Option, ...] = tuple(replace(f.metadata["option"], key=f.name) for f in fields(RunConfig) if f.metadata)
 BY_KEY = {o.key: o for o in OPTIONS}
+# Where the models' layers go: every command that loads them takes these (bench's rows share them).
+OFFLOAD = ("gpu_layers", "gpu_layers_draft", "device", "device_draft", "split_mode", "tensor_split", "main_gpu")
 PAIR_KEYS = {o.key: o.config if len(o.config) > 1 else o.config[0] for o in OPTIONS if o.config}
 
 

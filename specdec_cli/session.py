@@ -8,8 +8,8 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Iterator
 
-from . import chat as chat_, drafting
-from .backend import gguf_file, mtp, rpc, vocab
+from . import chat as chat_, drafting, fit
+from .backend import devices, gguf_file, mtp, native, rpc, vocab
 from .backend.context import Context
 from .backend.grammar import Grammar
 from .backend.native import Model
@@ -50,21 +50,23 @@ class Session:
         self.cfg = cfg
         self._stack = stack
         t0 = time.perf_counter()
-        # --rpc: the target's layers on the servers (and any local GPU, as llama.cpp would); the draft
-        # never leaves this machine. None: llama.cpp's default placement, when no server is registered.
+        # --rpc: the target's layers on the servers (and this machine's GPUs, as llama.cpp would); the draft
+        # never leaves this machine (fit.wants). Where each model's layers go is decided before it loads.
         servers = rpc.parse(cfg.rpc) if cfg.rpc else []
         self.where = f"rpc {rpc.label(servers)}" if servers else "local"
-        self._local = rpc.local_gpus() if servers or rpc.in_use() else None
-        target_devices = rpc.devices(servers) + self._local if servers else self._local
+        remote = [devices.device(d) for d in rpc.devices(servers)] if servers else []
+        uses_draft = cfg.draft is not None and drafting.kind(cfg.drafter).uses_model
+        plan = fit.plan(cfg, remote, cfg.draft if uses_draft else None)
+        self.warnings: list[str] = plan.notes  # for the command to show, once
+        self._draft_want = plan.draft_want
         # The target's own draft heads (MTP), loaded where it has them and the drafter may draft with them (auto,
         # mtp: then a request or a bench row may too). A MoE model's heads hold an expert layer's weights.
         self.mtp_layers = mtp.heads_in_header(gguf_file.check(cfg.target))
         heads = drafting.kind(cfg.drafter).heads != NEVER and mtp.usable(cfg.target)
         # Exact mode changes how the target computes; the draft's numerics never change the output.
-        self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, devices=target_devices, heads=heads))
+        self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, offload=plan.target, heads=heads))
         self._heads: HeadCache | None = None  # opened at the first run that drafts with them (`heads`)
         self._heads_failed: SpecdecError | None = None
-        self.warnings: list[str] = []  # for the command to show, once
         self.drafter = self._speculation(cfg)  # the drafter, plain decoding where the target cannot roll back
         self.speculates = not drafting.kind(self.drafter).plain
         self._corpus: Corpus | None = None
@@ -95,20 +97,26 @@ class Session:
         snapshots = self.max_draft if self.speculates and self.target.rollback == "snapshots" else 0
         seqs = _seqs(self.target, "target")
         draft_seqs = MAX_BRANCHES if info is not None and not info.recurrent else 2
-        check_memory(
-            [(n_ctx * self.target.kv_bytes_per_token(), self.target.state_bytes() * (1 + snapshots) * seqs)]
-            + ([(draft_n_ctx * info.kv_bytes_per_token(), info.state_bytes() * draft_seqs)] if info else [])
-            + ([(mtp.kv_bytes(self.target, n_ctx, self.mtp_layers), 0)] if self.target.heads else [])
+        target_need = (n_ctx * self.target.kv_bytes_per_token(), self.target.state_bytes() * (1 + snapshots) * seqs)
+        draft_need = (draft_n_ctx * info.kv_bytes_per_token(), info.state_bytes() * draft_seqs) if info else (0, 0)
+        self._draft_bytes = sum(draft_need)  # its KV cache and states, for its fit when it loads
+        check_memory(  # each context's share in this machine's memory: the rest goes with the offloaded layers
+            [(*target_need, plan.target)]
+            + ([(*draft_need, plan.draft)] if info else [])
+            + ([(mtp.kv_bytes(self.target, n_ctx, self.mtp_layers), 0, plan.target)] if self.target.heads else [])
         )
         # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: ModelDrafter caps a tree's nodes
         # at MAX_DRAFT_TOKENS (max_nodes, below).
         self._ctx = dict(n_threads=cfg.threads, max_outputs=MAX_DRAFT_TOKENS + 1)
-        self.target_ctx = stack.enter_context(
-            Context(self.target, n_ctx=n_ctx, n_seq=seqs, snapshots=snapshots, **self._ctx)
-        )
+        with native.capture() as made:
+            self.target_ctx = stack.enter_context(
+                Context(self.target, n_ctx=n_ctx, n_seq=seqs, snapshots=snapshots, **self._ctx)
+            )
+        self.placement = {"target": fit.placement(self.target, made), "draft": None}  # where the layers went
         self._draft_ctx_args = dict(n_ctx=draft_n_ctx, n_seq=draft_seqs)
         paths = [cfg.target] + ([self._draft_file] if self._draft_file else [])
-        about = curves.about(paths, cfg.threads, cfg.exact, self.where, AUTO_K_MAX + 1)
+        where = self.where + fit.layout(plan)  # a curve measured with other layers offloaded is another's
+        about = curves.about(paths, cfg.threads, cfg.exact, where, AUTO_K_MAX + 1)
         key = curves.key(about)
         kept = curves.load(key, self.warnings.append) if self.speculates and not cfg.remeasure else None
         draft = self.draft_context if self._draft_file else None
@@ -154,12 +162,16 @@ class Session:
         if self.draft_ctx is None:
             t0 = time.perf_counter()
             try:
-                draft = self._stack.enter_context(Model(self._draft_file, devices=self._local))
-                ctx = self._stack.enter_context(Context(draft, **self._draft_ctx_args, **self._ctx))
+                want, n_ctx = self._draft_want, self._draft_ctx_args["n_ctx"]
+                placed = fit.offload(want, self._draft_file, n_ctx, self._draft_bytes)[0] if want else None
+                draft = self._stack.enter_context(Model(self._draft_file, offload=placed))
+                with native.capture() as made:
+                    ctx = self._stack.enter_context(Context(draft, **self._draft_ctx_args, **self._ctx))
             except SpecdecError as e:
                 self._draft_failed = e
                 raise
             self.draft, self.draft_ctx = draft, ctx
+            self.placement["draft"] = fit.placement(draft, made)
             self.curve.draft_load = time.perf_counter() - t0
         return self.draft_ctx
 

@@ -13,7 +13,22 @@ import numpy as np
 import llama_cpp.llama_cpp as L
 
 from ..errors import SpecdecError
+from . import devices
 from .native import Model, last_log_error, native_lib
+
+# Mesa's software Vulkan drivers (lavapipe's device is "llvmpipe (LLVM ...)"): ggml-vulkan's flash attention crashes
+# lavapipe 22.3 inside llama_decode once a sequence's tail has been removed and refilled a few times (SIGSEGV in the
+# driver's own thread). llama.cpp alone does it too: scripts/vulkan_fa_replay.py.
+SOFTWARE_VULKAN = ("llvmpipe", "SwiftShader")
+
+
+def flash_attention_crashes(model: Model) -> bool:
+    """Whether the model's layers run on a software Vulkan device, where flash attention must stay off."""
+    offload = model.offload
+    if offload is not None and offload.n_gpu_layers == 0:
+        return False
+    on = offload.devices if offload is not None else devices.default()
+    return any(d.name.startswith("Vulkan") and d.description.startswith(SOFTWARE_VULKAN) for d in on)
 
 
 class ReferenceKernels:
@@ -85,6 +100,8 @@ class Context:
         params.n_outputs_max = max_outputs
         # Exact mode's lone tokens get a twin in sequence n_seq (one more output row too).
         self._twin_seq = n_seq if model.exact and model.sgemm_weights else None
+        if flash_attention_crashes(model):
+            params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         if model.exact:
             params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
             # A GPU build sends batches of 32+ rows to the GPU even for weights in host memory; keep the

@@ -83,6 +83,24 @@ def describe(used: set[str], arch: str, host: set[str] | None = None) -> str:
 
 
 @functools.cache
+def build_features() -> frozenset[str]:
+    """ggml's names of the features this build's CPU backend uses on this CPU (empty where it does not say)."""
+    try:
+        import llama_cpp.llama_cpp as L
+
+        return frozenset(parse_system_info(L.llama_print_system_info()) or ())
+    except Exception:  # no llama_cpp, or a build without the call
+        return frozenset()
+
+
+def amx() -> bool:
+    """ggml multiplies quantized weights with Intel's AMX tiles here. Its AMX buffer type (one of the "extra"
+    weight layouts, tried first) crashes llama_decode with SIGSEGV on batches of two or more rows on the Xeon this
+    was found on (llama-completion alike; Q4_0, Q4_1, Q4_K): models are loaded without the extra layouts there."""
+    return "AMX_INT8" in build_features()
+
+
+@functools.cache
 def features() -> str:
     """This host's line, e.g. "AVX2, no AVX-512, no AVX512-VNNI, no AVX-VNNI". Cached: ggml's registry
     and /proc/cpuinfo are read once, on the first call (importing this module reads neither)."""

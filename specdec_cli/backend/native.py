@@ -14,25 +14,56 @@ import os
 import re
 import sys
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
 import llama_cpp.llama_cpp as L
 
 from .. import signals
 from ..errors import SpecdecError
-from . import gguf_file, memory
+from . import cpu, gguf_file, memory
 
-# llama.cpp logs every load step to stderr; we keep the recent error lines to explain failures instead.
+if TYPE_CHECKING:
+    from .devices import Offload
+
+# llama.cpp logs every load step to stderr; we keep the recent error lines to explain failures instead, and while
+# a model or context is made (`capture`), the lines that say where its buffers went (devices.placement reads them).
 _LOG_LINES: deque[str] = deque(maxlen=40)
 _LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR; 5 (CONT) continues any level, e.g. the load progress dots
+_PLACEMENT = (b"load_tensors:", b"llama_kv_cache:", b"llama_memory_recurrent:", b"sched_reserve:", b"llama_context:")
+_captures: list[list[str]] = []  # the captures under way, innermost last
+_forward = [False]  # SPECDEC_LLAMA_LOG: every line to stderr as well, as llama.cpp's own logger writes it
 
 
 @L.llama_log_callback
 @signals.native_callback
 def _log_to_buffer(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    line = text.decode("utf-8", "replace").strip() if level == _LOG_ERROR and text else ""
-    if line:
-        _LOG_LINES.append(line)
+    # Called for every line llama.cpp and ggml log: a prefix test and an append at most, unless forwarding.
+    if not text:
+        return
+    if _forward[0]:
+        try:
+            os.write(2, text)
+        except OSError:  # stderr closed: nothing to tell
+            pass
+    if level == _LOG_ERROR:
+        line = text.decode("utf-8", "replace").strip()
+        if line:
+            _LOG_LINES.append(line)
+    elif _captures and text.startswith(_PLACEMENT):
+        _captures[-1].append(text.decode("utf-8", "replace"))
+
+
+@contextmanager
+def capture() -> Iterator[list[str]]:
+    """The placement lines llama.cpp logs inside the block (a model's load, a context's creation)."""
+    lines: list[str] = []
+    _captures.append(lines)
+    try:
+        yield lines
+    finally:
+        _captures.remove(lines)
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_char_p)
@@ -83,10 +114,12 @@ _backend_ready = False
 def init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
-        # Quiet unless SPECDEC_LLAMA_LOG asks for llama.cpp's own output: its log, and the gdb backtrace
-        # it prints on stdout for an uncaught C++ exception (std::terminate, which no callback sees).
-        if not os.environ.get("SPECDEC_LLAMA_LOG"):
-            L.llama_log_set(_log_to_buffer, ctypes.c_void_p(0))
+        # Quiet unless SPECDEC_LLAMA_LOG asks for llama.cpp's own output: its log (forwarded by our callback,
+        # which reads the placement lines either way), and the gdb backtrace it prints on stdout for an uncaught
+        # C++ exception (std::terminate, which no callback sees).
+        _forward[0] = bool(os.environ.get("SPECDEC_LLAMA_LOG"))
+        L.llama_log_set(_log_to_buffer, ctypes.c_void_p(0))
+        if not _forward[0]:
             os.environ.setdefault("GGML_NO_BACKTRACE", "1")
         _set_abort_handler()
         L.llama_backend_init()
@@ -140,31 +173,32 @@ class Model:
         path: str | Path,
         *,
         exact: bool = False,
-        devices: list[int] | None = None,
+        offload: Offload | None = None,
         vocab_only: bool = False,
         heads: bool = False,
     ):
-        """vocab_only: its vocabulary and hyperparameters, not its weights (milliseconds: what a model is, and
+        """offload: where its layers go (devices.Offload: -ngl, -dev, -sm, -ts, -mg); None: llama.cpp's defaults.
+        vocab_only: its vocabulary and hyperparameters, not its weights (milliseconds: what a model is, and
         whether it pairs, before deciding to load it); it tokenizes, but makes no context. heads: also load its
         MTP (NextN) heads, where it has them (llama.cpp skips their weights otherwise)."""
         self.path = gguf_file.check(path)
         init_backend()
         _LOG_LINES.clear()
         params = L.llama_model_default_params()
-        params.use_extra_bufts = not exact
+        params.use_extra_bufts = not exact and not cpu.amx()  # cpu.amx says why
         params.vocab_only = vocab_only
         self.heads = heads  # (the caller checked that this llama-cpp-python can: backend/mtp.missing)
         if heads:
             params.load_mtp = True
-        # devices: where the layers go (ggml_backend_dev_t; [] keeps them on this CPU); None: llama.cpp's
-        # default, every GPU and every RPC server this process registered.
-        self._devices = None if devices is None else (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
-        if self._devices is not None:
-            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        # The arrays llama_model_params points at (devices, tensor_split), alive as long as the model.
+        self.offload = offload
+        self._arrays = offload.apply(params) if offload is not None else ()
         self.exact = exact
         # Matrices whose product for one row is summed differently than for two or more.
         self.sgemm_weights = sgemm_weights(self.path) if exact else []
-        self._ptr = L.llama_model_load_from_file(os.fsencode(self.path), params)  # any bytes a path may hold
+        with capture() as lines:
+            self._ptr = L.llama_model_load_from_file(os.fsencode(self.path), params)  # any bytes a path may hold
+        self.load_log = lines  # where llama.cpp put its buffers (devices.placement)
         if not self._ptr:
             raise SpecdecError(
                 f"cannot load model {self.path}: {_load_error() or 'llama.cpp could not load it'}",
@@ -210,6 +244,11 @@ class Model:
     @property
     def architecture(self) -> str:
         return self.meta("general.architecture") or "unknown"
+
+    @property
+    def n_layer(self) -> int:
+        """Its repeating layers (llama.cpp offloads these and the output layer)."""
+        return L.llama_model_n_layer(self._ptr)
 
     @property
     def recurrent(self) -> bool:

@@ -19,7 +19,10 @@ import sys
 import llama_cpp.llama_cpp as L
 
 from ..errors import SpecdecError, UsageError
-from . import native
+from .devices import ACCEL as _ACCEL
+from .devices import CPU as _CPU
+from .devices import ggml as _ggml  # ggml's device and RPC functions, their signatures declared once there
+from .devices import local
 
 DEFAULT_PORT = 50052  # llama.cpp's rpc-server default
 # The protocol of the ggml that this llama-cpp-python ships (ggml-rpc.h, RPC_PROTO_*_VERSION): a client
@@ -198,17 +201,7 @@ def watch_connections() -> int:
 def local_gpus() -> list[int]:
     """The devices llama.cpp would give a model by default, less every RPC server: discrete GPUs, else
     integrated ones (none on a CPU build). A draft gets these: it must never run over the network."""
-    lib = _ggml()
-    gpus, igpus = [], []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        kind = lib.ggml_backend_dev_type(dev)
-        rpc = lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)) == b"RPC"
-        if kind == _GPU and not rpc:
-            gpus.append(dev)
-        elif kind == _IGPU and not rpc:
-            igpus.append(dev)
-    return gpus or igpus
+    return [d.handle for d in local()]
 
 
 def in_use() -> bool:
@@ -230,7 +223,6 @@ def abort_message(what: str) -> tuple[str, str] | None:
 
 
 # --- the server ----------------------------------------------------------------------------------
-_CPU, _GPU, _ACCEL, _IGPU = 0, 1, 2, 3  # enum ggml_backend_dev_type (ggml-backend.h)
 
 
 def server_devices() -> list[int]:
@@ -332,35 +324,3 @@ def start_server(host: str, port: int, threads: int, devs: list[int]) -> None:
     lib = _ggml()
     arr = (ctypes.c_void_p * len(devs))(*devs)
     lib.ggml_backend_rpc_start_server(f"{host}:{port}".encode(), None, threads, len(devs), arr)
-
-
-_LIB = None
-
-
-def _ggml() -> ctypes.CDLL:
-    """ggml's backend and RPC functions, with their signatures, through libllama's handle (native)."""
-    global _LIB
-    if _LIB is None:
-        native.init_backend()
-        lib = native.native_lib()
-        vp, sz = ctypes.c_void_p, ctypes.c_size_t
-        signatures = {
-            "ggml_backend_rpc_add_server": ([ctypes.c_char_p], vp),
-            "ggml_backend_register": ([vp], None),
-            "ggml_backend_reg_dev_count": ([vp], sz),
-            "ggml_backend_reg_dev_get": ([vp, sz], vp),
-            "ggml_backend_reg_name": ([vp], ctypes.c_char_p),
-            "ggml_backend_dev_count": ([], sz),
-            "ggml_backend_dev_get": ([sz], vp),
-            "ggml_backend_dev_type": ([vp], ctypes.c_int),
-            "ggml_backend_dev_backend_reg": ([vp], vp),
-            "ggml_backend_dev_name": ([vp], ctypes.c_char_p),
-            "ggml_backend_dev_description": ([vp], ctypes.c_char_p),
-            "ggml_backend_dev_memory": ([vp, ctypes.POINTER(sz), ctypes.POINTER(sz)], None),
-            "ggml_backend_rpc_start_server": ([ctypes.c_char_p, ctypes.c_char_p, sz, sz, ctypes.POINTER(vp)], None),
-        }
-        for name, (args, res) in signatures.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, res
-        _LIB = lib
-    return _LIB

@@ -51,7 +51,8 @@ PROMPTS_OPTION = typer.Option(suite.SUITE_NAME, "--prompts", help="The built-in 
 CATEGORIES_OPTION = typer.Option(None, "--categories", help=f"Comma list of categories ({','.join(suite.CATEGORIES)}).")
 
 
-@options.with_options("target", "draft", "threads", "ctx_size", "rpc", "lookup_cache")  # a row's other settings
+# a row's other settings, and where the models go
+@options.with_options("target", "draft", "threads", "ctx_size", "rpc", "lookup_cache", *options.OFFLOAD)
 def bench(
     pair: Optional[str] = PAIR,
     config_path: Optional[Path] = CONFIG,

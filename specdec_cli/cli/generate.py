@@ -9,6 +9,7 @@ from typing import Any, Optional
 import typer
 
 from .. import inputs, options, signals, ui
+from ..ui import placement
 from ..engine.events import Notice, Stopped, Token
 from ..engine.stats import Result, collect
 from ..errors import UsageError
@@ -76,6 +77,8 @@ def _json(session: Session, result: Result, scored: list[Token]) -> dict:
         "chat": session.uses_chat,
         "target_on": session.where,
         "draft_loaded": session.draft is not None,  # false where auto never drafted with it: never loaded
+        # per model, per device: its layers and its model, KV and compute buffers, as llama.cpp's log said them
+        "placement": session.placement,
     }
     # cost_curve: where auto's costs came from, "measured" now or "cached" by an earlier run (None: unused)
     stats = {
@@ -107,7 +110,8 @@ def _json(session: Session, result: Result, scored: list[Token]) -> dict:
 def _title(session: Session) -> str:
     cfg = session.cfg  # the drafter is the session's: none where the target cannot roll back (auto said so)
     title = "specdec · " + ui.label(session.drafter, cfg.draft_tokens, cfg.branches, k_for_auto=True, exact=cfg.exact)
-    return title + (f" · target on {session.where}" if cfg.rpc else "")
+    offloaded = placement.where(session.placement["target"])  # (None: every layer on the CPU)
+    return title + (f" · target on {session.where}" if cfg.rpc else "") + (f" · {offloaded}" if offloaded else "")
 
 
 def _consume(events, stream: ui.TokenStream | None, tokens: list[Token]) -> Result:

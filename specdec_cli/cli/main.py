@@ -4,6 +4,7 @@ boundary: every known error becomes `error: ...` plus a hint, and an exit status
 from __future__ import annotations
 
 import errno
+import faulthandler
 import os
 import sys
 import traceback
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None, *, restore_signals: bool = True) -> int:
     argv = sys.argv[1:] if argv is None else argv
     show_traceback = "--debug" in argv or os.environ.get("SPECDEC_DEBUG") == "1"
     _hold_closed_stdio()
+    _name_native_crashes()
     restore = signals.install()
     stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
     try:
@@ -144,6 +146,17 @@ def _hold_closed_stdio() -> None:
             _point_at_null(fd)
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")
+
+
+def _name_native_crashes() -> None:
+    """A crash inside llama.cpp or a GPU driver (SIGSEGV, SIGBUS, SIGILL, SIGFPE) kills the process before any
+    Python handler runs: without this it dies silent (exit -11, nothing on stderr). faulthandler prints every
+    thread's Python stack first, so the report names the call (a decode, a load) that crashed."""
+    if not faulthandler.is_enabled():
+        try:
+            faulthandler.enable(file=sys.__stderr__ if sys.__stderr__ is not None else 2, all_threads=True)
+        except (ValueError, RuntimeError, OSError):  # no usable stderr: nobody would read the stack anyway
+            pass
 
 
 def _point_at_null(fd: int) -> None:

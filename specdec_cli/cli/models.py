@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .. import config, ui
+from .. import config, fit, ui
 from ..backend.gguf_file import Malformed
 from ..backend.native import Model
 from ..errors import SpecdecError
@@ -186,13 +186,16 @@ def info_(
     draft: Optional[str] = typer.Option(None, "--draft", help="Also say whether this file can draft for GGUF."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
-    """What a GGUF file is; with --draft, whether the two can pair (exit 1 when they cannot)."""
-    with Model(model_ready(gguf)) as target:
-        facts = info.describe(target)
+    """What a GGUF file is, and where a run at the defaults puts its layers (it is loaded so); with --draft,
+    whether the two can pair (exit 1 when they cannot)."""
+    path = model_ready(gguf)
+    with Model(path, offload=fit.default_offload(path)) as target:
+        facts = info.describe(target) | {"placement": fit.placement(target)}
         why = None
         if draft is not None:
-            with Model(model_ready(draft)) as d:
-                facts["draft"] = info.describe(d)
+            draft_path = model_ready(draft)
+            with Model(draft_path, offload=fit.default_offload(draft_path)) as d:
+                facts["draft"] = info.describe(d) | {"placement": fit.placement(d)}
                 why = info.pairing(target, d)
                 # llama.cpp pairs vocabularies up to 128 ids apart: those draft ids are never proposed
                 facts["draft_ids_missing_in_target"] = max(0, d.n_vocab - target.n_vocab)

@@ -6,6 +6,7 @@ import llama_cpp.llama_cpp as L
 
 from ..backend import mtp, vocab
 from ..backend.native import Model
+from ..ui import placement as ui_placement
 
 
 ROLLBACK = {  # how a cache drops a rejected draft (Model.rollback), in words
@@ -57,7 +58,14 @@ def rows(facts: dict) -> list[tuple[str, str]]:
         ("rollback", ROLLBACK[facts["rollback"]]),
         ("speculation", "yes" if facts["can_roll_back"] else "no: auto decodes it plainly"),
         ("MTP heads", _heads(facts["mtp_layers"])),
-    ]
+    ] + _placement(facts.get("placement"))
+
+
+def _placement(placement: dict | None) -> list[tuple[str, str]]:
+    """Where a run at the defaults puts its layers (as it was loaded here: its weights, no context yet)."""
+    if placement is None:
+        return []
+    return [("placement", ui_placement.where(placement) or "every layer on the CPU")] + ui_placement.rows(placement)
 
 
 def _heads(n: int) -> str:
