@@ -47,33 +47,35 @@ def test_the_vulkan_pass_puts_every_layer_on_vulkan(models):
 
 # A speculative loop's decodes (verify batches of 1-16 tokens, each followed by removing the rejected tail) through
 # specdec's own Context: on lavapipe with flash attention on, 6 of 10 seeds died with SIGSEGV within 15 decodes
-# (scripts/vulkan_fa_replay.py shows llama.cpp alone does it too). In a child process: a crash must fail the test,
-# not end pytest.
+# (scripts/vulkan_fa_replay.py shows llama.cpp alone does it too). A process per seed (what ran before in a process
+# decides whether it crashes), and a crash fails the test instead of ending pytest.
 ROLLBACKS = textwrap.dedent(
     """
     import random, sys
     from specdec_cli.backend.context import Context
     from specdec_cli.backend.native import Model
     from specdec_cli.engine.kv import Sequence
+    rng = random.Random(int(sys.argv[2]))
     with Model(sys.argv[1]) as model, Context(model, n_ctx=4096, n_threads=2, n_seq=8) as ctx:
-        for seed in range(1, 11):
-            rng = random.Random(seed)
-            seq = Sequence.empty(ctx)
-            seq.append([rng.randrange(ctx.n_vocab) for _ in range(rng.randrange(5, 40))])
-            for _ in range(40):
-                k = rng.choice([1, 1, 1, 2, 3, 4, 5, 8, 12, 16])
-                n = len(seq)
-                seq.append([rng.randrange(ctx.n_vocab) for _ in range(k)], outputs="all")
-                seq.rollback(n + rng.randrange(1, k + 1))
+        seq = Sequence.empty(ctx)
+        seq.append([rng.randrange(ctx.n_vocab) for _ in range(rng.randrange(5, 40))], outputs="all")
+        for _ in range(40):
+            k = rng.choice([1, 1, 1, 2, 3, 4, 5, 8, 12, 16])
+            n = len(seq)
+            seq.append([rng.randrange(ctx.n_vocab) for _ in range(k)], outputs="all")
+            seq.rollback(n + rng.randrange(1, k + 1))
     print("ok")
     """
 )
 
 
 def test_speculative_rollbacks_do_not_crash_the_backend(models):
-    r = subprocess.run([sys.executable, "-c", ROLLBACKS, str(models["target"])], capture_output=True, text=True)
-    died = f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit {r.returncode}"
-    assert r.returncode == 0 and r.stdout.strip() == "ok", f"{died}\n{r.stderr[-3000:]}"
+    for seed in range(1, 11):
+        r = subprocess.run(
+            [sys.executable, "-c", ROLLBACKS, str(models["target"]), str(seed)], capture_output=True, text=True
+        )
+        died = f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit {r.returncode}"
+        assert r.returncode == 0 and r.stdout.strip() == "ok", f"seed {seed}: {died}\n{r.stderr[-3000:]}"
 
 
 @pytest.mark.parametrize(
