@@ -238,3 +238,21 @@ def test_version_and_help():
     for option in ("--target", "--draft", "--drafter", "--draft-tokens", "--max-tokens", "--temp", "--top-k",
                    "--top-p", "--min-p", "--seed", "--ctx-size", "--threads", "--chat", "--json", "--debug"):  # fmt: skip
         assert option in r.stdout
+
+
+def test_a_native_crash_names_where_it_happened():
+    """A SIGSEGV inside a native call (llama.cpp, a GPU driver) prints every thread's Python stack before the
+    process dies, instead of an exit -11 with nothing on stderr (issue: GPUs)."""
+    crash = (
+        "import ctypes, importlib, sys\n"
+        "m = importlib.import_module('specdec_cli.cli.main')\n"
+        "@m.app.command('crash')\n"
+        "def crash_in_native_code() -> None:\n"
+        "    ctypes.string_at(0)\n"
+        "sys.argv = ['specdec', 'crash']\n"
+        "m.run()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True)
+    assert r.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in r.stderr
+    assert "in crash_in_native_code" in r.stderr, r.stderr
