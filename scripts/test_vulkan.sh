@@ -7,8 +7,8 @@
 # 1. Debian's packages it needs (lavapipe, the Vulkan loader and headers, glslc, SPIR-V headers), installed when
 #    missing and this is root with apt-get; otherwise it says which are missing and stops.
 # 2. The llama.cpp that the installed llama-cpp-python vendors, from that version's source distribution, built
-#    with -DGGML_VULKAN=ON as shared libraries into .vulkan/ (git-ignored; built once per version: about 9 minutes
-#    on 2 cores, most of it compiling ggml-vulkan's shaders). Debian 12's Vulkan headers (1.3.239) predate
+#    with -DGGML_VULKAN=ON as shared libraries into .vulkan/ (git-ignored; built once per version: about 3 minutes
+#    on 2 cores: 190 s in CI, most of it compiling ggml-vulkan's shaders). Debian 12's Vulkan headers (1.3.239) predate
 #    VK_EXT_layer_settings, which ggml-vulkan names: scripts/vulkan-compat/ supplies those few types.
 # 3. `python -m pytest -m vulkan` with that library (LLAMA_CPP_LIB_PATH) and lavapipe admitted as a device
 #    (GGML_VK_VISIBLE_DEVICES=0; ggml-vulkan skips CPU-type devices otherwise): every layer goes to Vulkan0.
