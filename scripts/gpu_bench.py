@@ -39,8 +39,10 @@ NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")  # llama-speculative-
 
 
 def chat(user: str) -> str:  # Qwen2.5's template laid out by hand: the same raw text goes to every tool
-    return (f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-            "<|im_start|>assistant\n")  # fmt: skip
+    return (
+        f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 CODE = """def merge_intervals(intervals):
@@ -164,8 +166,27 @@ def specdec(a, cfg: Config, prompt: str, log: Path, llama_log: bool = False) -> 
         env = {**os.environ, "SPECDEC_HOME": home, "NO_COLOR": "1", "PYTHONFAULTHANDLER": "1"}
         if llama_log:
             env["SPECDEC_LLAMA_LOG"] = "1"
-        cmd = [a.python, "-X", "faulthandler", "-m", "specdec_cli", "generate", "--target", a.target, *cfg.args,
-               "-n", str(a.n), "--temp", "0", "-c", str(CTX), "--no-chat", "--json", *a.threads, prompt]  # fmt: skip
+        cmd = [
+            a.python,
+            "-X",
+            "faulthandler",
+            "-m",
+            "specdec_cli",
+            "generate",
+            "--target",
+            a.target,
+            *cfg.args,
+            "-n",
+            str(a.n),
+            "--temp",
+            "0",
+            "-c",
+            str(CTX),
+            "--no-chat",
+            "--json",
+            *a.threads,
+            prompt,
+        ]
         rc, out, err, wall = run(cmd, log, env)
     row = Row(prompt="", run=cfg.id, rc=rc, wall_s=round(wall, 3), log=str(log))
     try:
@@ -177,9 +198,13 @@ def specdec(a, cfg: Config, prompt: str, log: Path, llama_log: bool = False) -> 
     s = o.get("stats", {})
     row.tokens, row.tok_s, row.ttft_s = s.get("generated_tokens"), s.get("tokens_per_second"), s.get("ttft_seconds")
     row.accept, row.text, row.token_ids = s.get("accept_rate"), o.get("text"), o.get("tokens")
-    row.extra = {"stop": o.get("stop_reason"), "target_on": o.get("config", {}).get("target_on"),
-                 "drafters": {k: v.get("rounds") for k, v in (s.get("by_drafter") or {}).items()},
-                 "load_s": s.get("load_seconds"), "mean_accepted": s.get("mean_accepted")}  # fmt: skip
+    row.extra = {
+        "stop": o.get("stop_reason"),
+        "target_on": o.get("config", {}).get("target_on"),
+        "drafters": {k: v.get("rounds") for k, v in (s.get("by_drafter") or {}).items()},
+        "load_s": s.get("load_seconds"),
+        "mean_accepted": s.get("mean_accepted"),
+    }
     return row
 
 
@@ -209,12 +234,16 @@ def table(rows: list[Row]) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    lines = [f"{'prompt':8s} {'run':20s} {'tokens':>6s} {'tok/s':>8s} {'wall s':>7s} {'TTFT s':>7s} {'accept':>6s}  identity",
-             "-" * 96]  # fmt: skip
+    lines = [
+        f"{'prompt':8s} {'run':20s} {'tokens':>6s} {'tok/s':>8s} {'wall s':>7s} {'TTFT s':>7s} {'accept':>6s}  identity",
+        "-" * 96,
+    ]
     for r in rows:
         status = "" if r.rc == 0 else f"  {outcome(r.rc)}"
-        lines.append(f"{r.prompt:8s} {r.run:20s} {f(r.tokens, 'd'):>6s} {f(r.tok_s, '.1f'):>8s} {r.wall_s:7.2f} "
-                     f"{f(r.ttft_s, '.3f'):>7s} {f(r.accept, '.3f'):>6s}  {r.identity}{status}")  # fmt: skip
+        lines.append(
+            f"{r.prompt:8s} {r.run:20s} {f(r.tokens, 'd'):>6s} {f(r.tok_s, '.1f'):>8s} {r.wall_s:7.2f} "
+            f"{f(r.ttft_s, '.3f'):>7s} {f(r.accept, '.3f'):>6s}  {r.identity}{status}"
+        )
     notes = []
     for r in rows:
         if r.rc == 0 and not r.extra.get("error"):
@@ -268,8 +297,11 @@ def main() -> int:
     logs.mkdir(parents=True, exist_ok=True)
     cfgs = [c for c in configs(a.draft, a.k) if not a.only or c.id in a.only.split(",")]
     prompts = [p for p in a.prompts.split(",") if p]
-    print(f"bench: {a.target} + {a.draft}, -n {a.n}, k {a.k}, llama.cpp -ngl {a.ngl}; {len(prompts)} prompts x "
-          f"{len(cfgs)} runs; logs in {logs}", flush=True)  # fmt: skip
+    print(
+        f"bench: {a.target} + {a.draft}, -n {a.n}, k {a.k}, llama.cpp -ngl {a.ngl}; {len(prompts)} prompts x "
+        f"{len(cfgs)} runs; logs in {logs}",
+        flush=True,
+    )
     warm = llama_tool(a, Config("completion", "completion"), PROMPTS["general"], logs / "warmup.log")  # page cache
     print(f"warm-up: llama-completion rc {warm.rc}, {warm.wall_s} s", flush=True)
     rows: list[Row] = []
@@ -295,8 +327,11 @@ def main() -> int:
                 rows.append(row)
                 results.write(json.dumps({k: v for k, v in asdict(row).items() if k != "token_ids"}) + "\n")
                 results.flush()
-                print(f"  [{time.time() - t0:5.0f} s] {pname:8s} {cfg.id:20s} rc {row.rc:3d}  {row.tok_s} tok/s  "
-                      f"wall {row.wall_s} s  {row.identity}  {row.extra.get('error', '')}", flush=True)  # fmt: skip
+                print(
+                    f"  [{time.time() - t0:5.0f} s] {pname:8s} {cfg.id:20s} rc {row.rc:3d}  {row.tok_s} tok/s  "
+                    f"wall {row.wall_s} s  {row.identity}  {row.extra.get('error', '')}",
+                    flush=True,
+                )
     text = summary(rows, [c.id for c in cfgs]) + "\n\n" + table(rows)
     (a.out / "table.txt").write_text(text + "\n")
     print(f"\nbench runs done in {time.time() - t0:.0f} s\n\n{text}")

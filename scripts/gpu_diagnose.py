@@ -64,11 +64,14 @@ def step_devices(a) -> str:
     step_backend_init(a)
     lib = ctypes.CDLL(L._lib._name)
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    for name, args, res in (("ggml_backend_dev_count", [], sz), ("ggml_backend_dev_get", [sz], vp),
-                            ("ggml_backend_dev_name", [vp], ctypes.c_char_p),
-                            ("ggml_backend_dev_description", [vp], ctypes.c_char_p),
-                            ("ggml_backend_dev_type", [vp], ctypes.c_int),
-                            ("ggml_backend_dev_memory", [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)], None)):  # fmt: skip
+    for name, args, res in (
+        ("ggml_backend_dev_count", [], sz),
+        ("ggml_backend_dev_get", [sz], vp),
+        ("ggml_backend_dev_name", [vp], ctypes.c_char_p),
+        ("ggml_backend_dev_description", [vp], ctypes.c_char_p),
+        ("ggml_backend_dev_type", [vp], ctypes.c_int),
+        ("ggml_backend_dev_memory", [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)], None),
+    ):
         getattr(lib, name).argtypes, getattr(lib, name).restype = args, res
     kinds = {0: "CPU", 1: "GPU", 2: "ACCEL", 3: "IGPU"}  # enum ggml_backend_dev_type
     say("ggml_backend_dev_count()")
@@ -280,8 +283,10 @@ def generated(lines: list[str]) -> str:
             except json.JSONDecodeError:
                 return ""
             s = o.get("stats", {})
-            return (f"{s.get('generated_tokens')} tokens, stop {o.get('stop_reason')}, "
-                    f"target on {o.get('config', {}).get('target_on')}, text {o.get('text', '')[:40]!r}")  # fmt: skip
+            return (
+                f"{s.get('generated_tokens')} tokens, stop {o.get('stop_reason')}, "
+                f"target on {o.get('config', {}).get('target_on')}, text {o.get('text', '')[:40]!r}"
+            )
     return ""
 
 
@@ -290,8 +295,9 @@ def run_one(label: str, cmd: list[str], log: Path, env: dict) -> tuple[int, str]
     t = time.perf_counter()
     with open(log, "wb") as f:
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                timeout=STEP_TIMEOUT).returncode  # fmt: skip
+            rc = subprocess.run(
+                cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=STEP_TIMEOUT
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     lines = log.read_text(errors="replace").splitlines()
@@ -319,11 +325,37 @@ def main() -> int:
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "SPECDEC_LLAMA_LOG": "1", "NO_COLOR": "1"}
     print(f"diagnose: {a.target} (n_gpu_layers {a.ngl}); python {sys.executable}; logs in {logs}", flush=True)
-    me = [sys.executable, "-X", "faulthandler", __file__, "--target", str(a.target), "--ngl", str(a.ngl),
-          "--threads", str(a.threads)]  # fmt: skip
+    me = [
+        sys.executable,
+        "-X",
+        "faulthandler",
+        __file__,
+        "--target",
+        str(a.target),
+        "--ngl",
+        str(a.ngl),
+        "--threads",
+        str(a.threads),
+    ]
     rows = [(name, run_one(name, [*me, "--step", name], logs / f"{name}.log", env)) for name in STEPS]
-    generate = [sys.executable, "-X", "faulthandler", "-m", "specdec_cli", "generate", "--target", str(a.target),
-                "-n", "8", "--no-chat", "--json", "-t", str(a.threads), "-c", str(N_CTX)]  # fmt: skip
+    generate = [
+        sys.executable,
+        "-X",
+        "faulthandler",
+        "-m",
+        "specdec_cli",
+        "generate",
+        "--target",
+        str(a.target),
+        "-n",
+        "8",
+        "--no-chat",
+        "--json",
+        "-t",
+        str(a.threads),
+        "-c",
+        str(N_CTX),
+    ]
     runs = {"specdec_generate_none": [*generate, "--drafter", "none", "Hello"]}
     if a.draft:
         runs["specdec_generate_model"] = [*generate, "--draft", str(a.draft), "--drafter", "model", "-k", "4", "Hello"]

@@ -43,8 +43,15 @@ FULL = dict(n_embd=1536, n_ff=8960, n_head=12, n_head_kv=2, n_layer=28, n_draft=
 TINY = dict(n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=8, n_draft=2)  # 256: Q4_K's block width
 CTX = 32768  # Qwen2.5's trained context
 DRAFT_KEY = "specdec.gpu_check.draft_blocks"  # the target says where its draft ends (quantizing keeps the key)
-VOCAB_SKIP = ("general.architecture", "general.file_type", "general.name", "general.size_label", "general.finetune",
-              "general.basename", "general.quantization_version")  # fmt: skip
+VOCAB_SKIP = (
+    "general.architecture",
+    "general.file_type",
+    "general.name",
+    "general.size_label",
+    "general.finetune",
+    "general.basename",
+    "general.quantization_version",
+)
 
 
 def copy_fields(reader: GGUFReader, writer: GGUFWriter, skip, replace: dict | None = None) -> None:
@@ -61,8 +68,10 @@ def tensor_plan(s: dict, n_vocab: int) -> list[tuple[str, tuple, float | None, t
     """(name, numpy shape, std (None: a norm), dtype, scaled by alpha) for every tensor, in file order."""
     d, ff = s["n_embd"], s["n_ff"]
     dkv = d // s["n_head"] * s["n_head_kv"]
-    plan = [("token_embd.weight", (n_vocab, d), EMB_STD, np.float16, False),
-            ("output_norm.weight", (d,), None, np.float32, False)]  # fmt: skip
+    plan = [
+        ("token_embd.weight", (n_vocab, d), EMB_STD, np.float16, False),
+        ("output_norm.weight", (d,), None, np.float32, False),
+    ]
     for i in range(s["n_layer"]):
         late, p = i >= s["n_draft"], f"blk.{i}."
         plan += [

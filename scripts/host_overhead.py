@@ -271,8 +271,10 @@ def simulate(args) -> dict:
 
 
 def print_table(results: dict, args) -> None:
-    print(f"host ms per generated token (median of {args.runs}; -n {args.n}; target decode {TARGET_S * 1e3:g} ms, "
-          f"draft decode {DRAFT_S * 1e3:g} ms, vocabulary {VOCAB:,}; sampled: temperature {TEMP})")  # fmt: skip
+    print(
+        f"host ms per generated token (median of {args.runs}; -n {args.n}; target decode {TARGET_S * 1e3:g} ms, "
+        f"draft decode {DRAFT_S * 1e3:g} ms, vocabulary {VOCAB:,}; sampled: temperature {TEMP})"
+    )
     print("wall: wall time less the decodes' (the issue's measure); cpu: the process's CPU time less theirs, which a")
     print("busy neighbour does not inflate (it pre-empts us between decodes); drafter: of cpu, the drafter's own")
     head = f"{'drafter':<12}{'greedy wall':>12}{'cpu':>7}{'drafter':>8}{'sampled wall':>14}{'cpu':>7}{'drafter':>8}"
@@ -297,10 +299,39 @@ def real(args) -> dict:
     """Interleaved runs of `specdec generate --drafter none --json` and llama-completion on one model, greedy, the
     same threads and tokens; both on the CPU and (--same-libs, the default) on llama-completion's own build of
     llama.cpp, so that only what each does around llama_decode differs."""
-    spec = [sys.executable, "-m", "specdec_cli", "generate", "--target", args.real, "--drafter", "none", "--temp", "0",
-            "-t", str(args.threads), "-n", str(args.n), "--no-chat", "--json", args.prompt]  # fmt: skip
-    llama = [args.llama_completion, "-m", args.real, "-no-cnv", "-p", args.prompt, "-n", str(args.n), "--temp", "0",
-             "-t", str(args.threads)]  # fmt: skip
+    spec = [
+        sys.executable,
+        "-m",
+        "specdec_cli",
+        "generate",
+        "--target",
+        args.real,
+        "--drafter",
+        "none",
+        "--temp",
+        "0",
+        "-t",
+        str(args.threads),
+        "-n",
+        str(args.n),
+        "--no-chat",
+        "--json",
+        args.prompt,
+    ]
+    llama = [
+        args.llama_completion,
+        "-m",
+        args.real,
+        "-no-cnv",
+        "-p",
+        args.prompt,
+        "-n",
+        str(args.n),
+        "--temp",
+        "0",
+        "-t",
+        str(args.threads),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}  # the CPU alone
     libs = os.path.dirname(os.path.abspath(args.llama_completion))
     env["LD_LIBRARY_PATH"] = libs
@@ -335,8 +366,12 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--real", metavar="MODEL", help="a GGUF: compare specdec --drafter none with llama-completion")
     p.add_argument("--llama-completion", metavar="PATH")
-    p.add_argument("--same-libs", action=argparse.BooleanOptionalAction, default=True,
-                   help="specdec on llama-completion's libllama too (LLAMA_CPP_LIB_PATH; default)")  # fmt: skip
+    p.add_argument(
+        "--same-libs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="specdec on llama-completion's libllama too (LLAMA_CPP_LIB_PATH; default)",
+    )
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--prompt", default="The history of the printing press begins")
     args = p.parse_args()

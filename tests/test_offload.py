@@ -73,9 +73,11 @@ def test_a_split_for_more_devices_than_there_are_is_one_line_and_exit_2(capsys, 
 def test_every_run_command_takes_the_offload_options():
     for command in ("generate", "bench", "serve", "batch"):
         r = subprocess.run(
-            [sys.executable, "-m", "specdec_cli", command, "--help"], capture_output=True, text=True,
+            [sys.executable, "-m", "specdec_cli", command, "--help"],
+            capture_output=True,
+            text=True,
             env={**os.environ, "COLUMNS": "250"},
-        )  # fmt: skip
+        )
         for flag in ("-ngl", "-ngld", "-dev", "-devd", "-sm", "-ts", "-mg"):
             assert f" {flag} " in r.stdout, (command, flag)
 
@@ -192,17 +194,25 @@ def test_placement_is_read_from_llama_cpps_log():
     p = devices.placement(VULKAN_LINES, 4, {"Vulkan0": 2}, {"Vulkan0": "Vulkan0"})
     assert p["layers"] == 4 and p["offloaded"] == 2
     assert p["devices"]["Vulkan0"] == {
-        "layers": 2, "model_bytes": round(0.22 * MIB), "kv_bytes": 0, "compute_bytes": round(41.02 * MIB)
-    }  # fmt: skip
+        "layers": 2,
+        "model_bytes": round(0.22 * MIB),
+        "kv_bytes": 0,
+        "compute_bytes": round(41.02 * MIB),
+    }
     # the host's buffers (mapped weights, pinned Vulkan_Host staging) are the CPU's; the output buffer is not counted
     assert p["devices"]["CPU"] == {
-        "layers": 2, "model_bytes": round(0.43 * MIB), "kv_bytes": round(0.5 * MIB), "compute_bytes": round(8.26 * MIB)
-    }  # fmt: skip
+        "layers": 2,
+        "model_bytes": round(0.43 * MIB),
+        "kv_bytes": round(0.5 * MIB),
+        "compute_bytes": round(8.26 * MIB),
+    }
     owners = {"RPC0[127.0.0.1:50052]": "RPC0", "RPC1[127.0.0.1:50053]": "RPC1"}
     p = devices.placement(RPC_LINES, 31, {"RPC0": 16, "RPC1": 15}, owners)
     assert {name: d["model_bytes"] for name, d in p["devices"].items()} == {
-        "RPC0": round(36.53 * MIB), "RPC1": round(34.90 * MIB), "CPU": round(28.69 * MIB)
-    }  # fmt: skip
+        "RPC0": round(36.53 * MIB),
+        "RPC1": round(34.90 * MIB),
+        "CPU": round(28.69 * MIB),
+    }
 
 
 def test_only_placement_lines_are_captured_and_only_inside_a_capture(models):
@@ -260,9 +270,11 @@ def test_a_layer_count_without_a_gpu_warns_as_llama_cpp_does(capsys, models):
 
 def test_llama_log_still_forwards_every_line(models, tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "specdec_cli", "generate", "hi", "--target", str(models["target"]), "-n", "2",
-         "--json"], capture_output=True, text=True, env={**os.environ, "SPECDEC_LLAMA_LOG": "1"},
-    )  # fmt: skip
+        [sys.executable, "-m", "specdec_cli", "generate", "hi", "--target", str(models["target"]), "-n", "2", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPECDEC_LLAMA_LOG": "1"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "load_tensors:" in r.stderr and "llama_kv_cache:" in r.stderr and "assigned to device" in r.stderr
     assert json.loads(r.stdout)["config"]["placement"]["target"]["devices"]["CPU"]["kv_bytes"] > 0
@@ -287,9 +299,14 @@ def on_vulkan(tmp_path, *args: str, **extra) -> subprocess.CompletedProcess:
     """The CLI (or `-c CODE`) on the Vulkan build, its first device only, a cache of its own for each run."""
     home = tmp_path / f"home{len(list(tmp_path.glob('home*')))}"
     env = {
-        **os.environ, "LLAMA_CPP_LIB_PATH": VULKAN, "LD_LIBRARY_PATH": VULKAN, "GGML_VK_VISIBLE_DEVICES": "0",
-        "SPECDEC_HOME": str(home), "SPECDEC_COST_CURVES": str(home / "curves"), **extra,
-    }  # fmt: skip
+        **os.environ,
+        "LLAMA_CPP_LIB_PATH": VULKAN,
+        "LD_LIBRARY_PATH": VULKAN,
+        "GGML_VK_VISIBLE_DEVICES": "0",
+        "SPECDEC_HOME": str(home),
+        "SPECDEC_COST_CURVES": str(home / "curves"),
+        **extra,
+    }
     command = [sys.executable, *(args if args[0] == "-c" else ("-m", "specdec_cli", *args))]
     return subprocess.run(command, capture_output=True, text=True, env=env)
 
@@ -352,9 +369,17 @@ def write_big(path: Path, n_layer: int = 24, embd: int = 2048, ff: int = 8192) -
 
     tokens = byte_vocab()
     w = GGUFWriter(str(path), "llama")
-    for add, value in ((w.add_context_length, 4096), (w.add_embedding_length, embd), (w.add_block_count, n_layer),
-                       (w.add_feed_forward_length, ff), (w.add_head_count, 16), (w.add_head_count_kv, 16),
-                       (w.add_rope_dimension_count, embd // 16), (w.add_layer_norm_rms_eps, 1e-5), (w.add_file_type, 1)):  # fmt: skip
+    for add, value in (
+        (w.add_context_length, 4096),
+        (w.add_embedding_length, embd),
+        (w.add_block_count, n_layer),
+        (w.add_feed_forward_length, ff),
+        (w.add_head_count, 16),
+        (w.add_head_count_kv, 16),
+        (w.add_rope_dimension_count, embd // 16),
+        (w.add_layer_norm_rms_eps, 1e-5),
+        (w.add_file_type, 1),
+    ):
         add(value)
     _add_byte_tokenizer(w, tokens, None)
     shapes = {"token_embd.weight": ((len(tokens), embd), np.float32), "output_norm.weight": ((embd,), np.float32)}

@@ -107,8 +107,21 @@ def test_sampling_with_a_seed_repeats(models):
 
 
 def test_bench_batch_and_serve_run(models, tmp_path: Path):
-    r = cli("bench", "--target", models["target"], "--draft", models["draft"], "-n", "8", "--runs", "1",
-            "--drafters", "none,model", "--json", tmp_path / "bench.json")  # fmt: skip
+    r = cli(
+        "bench",
+        "--target",
+        models["target"],
+        "--draft",
+        models["draft"],
+        "-n",
+        "8",
+        "--runs",
+        "1",
+        "--drafters",
+        "none,model",
+        "--json",
+        tmp_path / "bench.json",
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "bench.json").read_text())
     requests = tmp_path / "requests.jsonl"
