@@ -306,9 +306,14 @@ def test_model_rounds_report_the_draft_entropy(open_pair):
     s = open_pair("draft", drafter="model", max_tokens=20)
     _, stats, _ = run_engine(s, "hello", draft_tokens=3)
     d = stats.by_drafter["model"]
-    assert d.entropy_rounds == d.rounds > 0
+    # Greedy, nothing reads the draft's probabilities: its entropy is taken from one row in STATS_EVERY.
+    assert 0 < d.entropy_rounds < d.rounds
     assert 0.0 < d.entropy / d.entropy_rounds <= np.log(260)  # at most log(vocabulary)
     assert stats.as_dict()["by_drafter"]["model"]["mean_entropy"] > 0
+    for kw in ({"p_min": 0.01}, {"temp": 0.8}):  # p-min reads every row's, as sampling computes every row's q
+        _, stats, _ = run_engine(open_pair("draft", drafter="model", max_tokens=20, **kw), "hello", draft_tokens=3)
+        d = stats.by_drafter["model"]
+        assert d.entropy_rounds == d.rounds > 0
 
 
 def test_lookup_sampling_matches_target_only_distribution(open_pair):

@@ -145,6 +145,20 @@ def test_the_tree_never_has_more_branches_than_sequences_to_verify_them():
     assert Tree.of(parents).branches <= 3
 
 
+@pytest.mark.parametrize("curve", ["flat", 0.5, 0.1])
+def test_one_candidate_gets_the_chain_the_trie_would_build(curve):
+    """best_tree's chain path (one candidate, in numpy) chooses what the trie does: the same candidate twice
+    takes the trie, as identical continuations merge into one."""
+    rng = np.random.default_rng(11)
+    costs = flat_then_rising() if curve == "flat" else linear(curve)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        c = (rng.integers(0, 1000, n).tolist(), rng.choice([0.0, 0.3, 0.9, 0.99, 1.0, 1.3], n).tolist())
+        nodes, depth = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+        chain, trie = best_tree([c], costs, nodes, 8, depth), best_tree([c, c], costs, nodes, 8, depth)
+        assert chain[:2] == trie[:2] and np.allclose(chain[2:], trie[2:], rtol=1e-12)
+
+
 def test_siblings_share_one_chance():
     """Two continuations of one point exclude each other: their chances are scaled to sum to at most 1."""
     tokens, parents, e, _ = best_tree([([1], [0.9]), ([2], [0.9])], flat_then_rising(), 31, 8, 31)

@@ -326,6 +326,8 @@ class CostPolicy(DraftPolicy):
     extra cost of its first decode, `chosen` the rate that drafting was chosen for, `a_next` the chance
     of a token not yet drafted."""
 
+    reads_confidence = True
+
     def __init__(self, costs: Costs, accept: Buckets, a_next: float, catch_up: float, chosen: float):
         self.costs, self.accept, self.a_next, self.catch_up, self.chosen = costs, accept, a_next, catch_up, chosen
 

@@ -213,6 +213,16 @@ def best_tree(
     n = np.arange(1, max_nodes + 1)
     if first <= 0.0 or not (rate(1.0 + n * min(first, 1.0), 0.0, costs, n) > plain).any():
         return [], [], 1.0, plain
+    if len(candidates) == 1:  # a chain (most lookup rounds): the trie below, in numpy
+        toks, accept = candidates[0]
+        m = min(len(toks), len(accept), max_depth, max_nodes)
+        # A node's reach is its chance times its parent's (a lone child's chance capped at 1, as siblings' sum is)
+        e = np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(np.minimum(np.asarray(accept[:m], float), 1.0)))))
+        rates = rate(e, 0.0, costs, np.arange(m + 1))
+        n = int(np.argmax(rates))
+        if not n or rates[n] <= plain:
+            return [], [], 1.0, plain
+        return [int(t) for t in toks[:n]], list(range(-1, n - 1)), float(e[n]), float(rates[n])
     tokens: list[int] = []
     parents: list[int] = []
     chance: list[float] = []  # P(node right | parent right), before scaling siblings
@@ -242,8 +252,7 @@ def best_tree(
     chosen: list[int] = []
     taken: set[int] = {-1}
     leaves: set[int] = set()
-    best = (0, 1.0, plain)  # (nodes, E, rate): plain decoding
-    e = 1.0
+    e = [1.0]  # e[n]: E with the first n chosen
     for i in order:
         if len(chosen) == max_nodes:
             break
@@ -254,10 +263,11 @@ def best_tree(
         taken.add(i)
         leaves.discard(parent)
         leaves.add(i)
-        e += reach[i]
-        r = rate(e, 0.0, costs, len(chosen))
-        if r > best[2]:
-            best = (len(chosen), e, r)
+        e.append(e[-1] + reach[i])
+    # Every node count's rate at once (a call per node was most of a round's bookkeeping); the first best wins.
+    rates = rate(np.asarray(e), 0.0, costs, np.arange(len(e)))
+    n = int(np.argmax(rates))
+    best = (n, e[n], float(rates[n])) if n and rates[n] > plain else (0, 1.0, plain)  # (nodes, E, rate)
     keep = sorted(chosen[: best[0]])  # creation order: parents first
     index = {old: new for new, old in enumerate(keep)}
     return ([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep], best[1], best[2])

@@ -12,6 +12,8 @@ first draft, and then holds a window of the text (drafting/window.py).
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field, replace
 from types import EllipsisType
 from typing import Callable
@@ -21,15 +23,20 @@ import numpy as np
 from ..engine.constraint import Follow, State, best_allowed
 from ..engine.drafter import Draft, Drafter
 from ..engine.kv import Branches, Sequence
-from ..engine.sampling import NonFiniteLogits, Sampler, draw, entropy
+from ..engine.sampling import NonFiniteLogits, Sampler, draw, entropy, softmax_summary
 from ..engine.shapes import CHAIN, Tree
 from ..errors import SpecdecError
 from . import window
 
 
+STATS_EVERY = 8  # a greedy chain's statistics: from the rows at positions divisible by this (draft_tree)
+
+
 class DraftPolicy:
     """When a draft stops early and whether a fork pays. This one: never early, wherever p_split allows;
     auto's cost model is another (drafting/auto.py)."""
+
+    reads_confidence = False  # whether keep_going and fork_pays read the draft's probabilities
 
     def keep_going(self, confidence: list[float]) -> bool:
         """Draft another token after these (the draft's probabilities of the tokens drafted so far)?"""
@@ -199,11 +206,11 @@ class ModelDrafter(Drafter):
         forked = len(t.tips) > 1  # without a fork it is a chain, verified the usual way
         return Draft(
             t.tokens,
-            np.stack(t.q) if t.q else None,
+            t.q_rows(),
             source=self.name,
             k=k,
             confidence=tuple(t.confidence),
-            entropy=sum(t.entropy) / len(t.entropy) if t.tokens else None,
+            entropy=statistics.fmean(measured) if (measured := [h for h in t.entropy if h == h]) else None,
             shape=t.shape() if forked else CHAIN,
             decodes=0 if forked else len(t.tokens),  # a tree's batched decodes say little of one token's cost
         )
@@ -228,8 +235,11 @@ class Nodes:
     parents: list[int] = field(default_factory=list)  # -1: the last committed token
     q: list[np.ndarray] = field(default_factory=list)  # sampling: the distribution node i was drawn from
     confidence: list[float] = field(default_factory=list)  # the draft's probability of node i's token
-    entropy: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)  # NaN, as confidence, where not computed (STATS_EVERY)
     tips: list[int] = field(default_factory=list)  # tips[b]: branch b's deepest node (-1: none yet)
+    # A sampled chain's q, row i node i's, written in place by the sampler in float32: no copy of them all at the
+    # end (a row of 150k ids is 0.6 MB to write).
+    rows: np.ndarray | None = None
 
     def add(self, token: int, parent: int, q: np.ndarray | None, confidence: float, entropy: float) -> int:
         self.tokens.append(token)
@@ -239,6 +249,12 @@ class Nodes:
         self.confidence.append(confidence)
         self.entropy.append(entropy)
         return len(self.tokens) - 1
+
+    def q_rows(self) -> np.ndarray | None:
+        """(nodes, vocabulary): each node's q, sampling; None when greedy."""
+        if not self.q:
+            return None
+        return self.rows[: len(self.q)] if self.rows is not None else np.stack(self.q)
 
     def path(self, node: int) -> list[int]:
         """The nodes from the root down to `node`."""
@@ -282,7 +298,12 @@ def draft_tree(
     first = cache.main.append(feed)[0][:vocab]
     rows = [first.copy() if max_branches > 1 else first]  # rows[i]: logits after active branch i's newest token
     seqs = {0: cache.main}  # where each branch decodes: a recurrent chain's goes on in a copy (below)
-    tree = Nodes(tips=[-1])
+    chain_q = not sampler.greedy and max_branches == 1
+    # A greedy chain needs only each row's argmax unless p-min or the policy reads the draft's probabilities;
+    # then they are statistics (the draft's entropy), taken from one row in STATS_EVERY: a full-row exp pass,
+    # ~0.1 ms on 150k ids, was most of a GPU round's host time.
+    summed = p_min > 0.0 or policy.reads_confidence
+    tree = Nodes(tips=[-1], rows=np.empty((k, len(first)), np.float32) if chain_q else None)
     active = [0]
     states = {0: state}  # each branch's grammar state after its newest token
     for depth in range(k):
@@ -292,19 +313,36 @@ def draft_tree(
         batch: list[tuple[int, int]] = []  # (branch, token) to decode for the next depth
         for b, row in zip(list(active), rows):
             st = states.get(b)
+            forks = len(cache) < max_branches and spare > 0
             # Sampling draws from the masked row (q); greedy takes the best allowed token, its confidence
             # (the cost model's predictor) read from the plain row: no whole-vocabulary mask per token.
-            dist = sampler.dist(row if st is None or sampler.greedy else st.mask(row))
+            if sampler.greedy and not forks:  # a chain keeps no distribution: one exp pass gives what it reads
+                dist, best = None, 1.0
+                if summed or (len(committed) + depth) % STATS_EVERY == 0:
+                    top, total, nats = softmax_summary(row)
+                    best = 1.0 / total
+                else:  # (the max: for the finiteness check below; argmax lands on a NaN or +inf there is)
+                    top, total, nats = (row.max() if st is not None else None), math.nan, math.nan
+            elif sampler.greedy:
+                dist = sampler.dist(row)
+                best, nats = dist.max(), entropy(dist)
+            else:
+                out = tree.rows[len(tree.tokens)] if tree.rows is not None else None
+                dist, nats = sampler.probs_entropy(row if st is None else st.mask(row), out)
+                best = dist.max() if p_min > 0.0 else 1.0  # (no p-min: no pass over the row for its max)
             # p-min looks at the most likely token, not the sampled one: a stop that depended on the
             # sampled token would change what a proposal is distributed as (greedy: the same token).
-            if dist.max() < p_min:  # the branch stops
+            if best < p_min:  # the branch stops
                 active.remove(b)
                 continue
-            d = draw(dist, rng) if not sampler.greedy else int(dist.argmax()) if st is None else best_allowed(row, st)
+            d = draw(dist, rng) if not sampler.greedy else int(row.argmax()) if st is None else best_allowed(row, st)
+            if dist is None and not math.isfinite(top := row[d] if top is None else top):
+                raise NonFiniteLogits(f"logits hold {top}")
+            confidence = float(np.exp(row[d] - top)) / total if dist is None else float(dist[d])
             parent = tree.tips[b]
-            tree.tips[b] = tree.add(d, parent, None if sampler.greedy else dist, float(dist[d]), entropy(dist))
+            tree.tips[b] = tree.add(d, parent, None if sampler.greedy else dist, confidence, nats)
             candidates = [(b, d)]
-            if len(cache) < max_branches and spare > 0:
+            if forks:
                 sibling = _sibling(tree, parent, dist, row, d, st, sampler, rng, policy, p_split, k - depth)
                 if sibling is not None:
                     spare -= 1

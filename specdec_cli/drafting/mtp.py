@@ -21,7 +21,7 @@ import numpy as np
 from ..backend.mtp import Heads, missing
 from ..engine.constraint import Follow, State, best_allowed
 from ..engine.drafter import Draft, Drafter
-from ..engine.sampling import NonFiniteLogits, Sampler, draw, entropy
+from ..engine.sampling import NonFiniteLogits, Sampler, draw, softmax_summary
 from .model import FIXED, DraftPolicy
 
 PROMPT_ROWS = 32  # the prompt's last positions the heads are fed: as many target output rows (logits too, ~0.5%
@@ -232,21 +232,21 @@ class MtpDrafter(Drafter):
                 row = logits[: self.vocab]
                 if not np.isfinite(row.max()):
                     raise NonFiniteLogits("logits hold NaN or infinity")
-                dist = sampler.dist(row if st is None or sampler.greedy else st.mask(row))
-                if dist.max() < self.p_min:  # the most likely token, not the drawn one (as the draft model)
-                    break
-                d = (
-                    draw(dist, rng)
-                    if not sampler.greedy
-                    else int(dist.argmax())
-                    if st is None
-                    else best_allowed(row, st)
-                )
-                drafted.append(d)
-                if not sampler.greedy:
+                if sampler.greedy:  # no distribution to keep: one exp pass gives what it reads (model.py alike)
+                    top, total, nats = softmax_summary(row)
+                    if 1.0 / total < self.p_min:  # the most likely token, not the drawn one (as the draft model)
+                        break
+                    d = int(row.argmax()) if st is None else best_allowed(row, st)
+                    confidence.append(float(np.exp(row[d] - top)) / total)
+                else:
+                    dist, nats = sampler.probs_entropy(row if st is None else st.mask(row))
+                    if dist.max() < self.p_min:
+                        break
+                    d = draw(dist, rng)
                     q.append(dist)
-                confidence.append(float(dist[d]))
-                entropies.append(entropy(dist))
+                    confidence.append(float(dist[d]))
+                drafted.append(d)
+                entropies.append(nats)
                 chain_h.append(h)
                 if i == k - 1 or self.is_eog(d) or not policy.keep_going(confidence):
                     break

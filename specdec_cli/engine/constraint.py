@@ -83,11 +83,11 @@ def best_allowed(row: np.ndarray, state: State) -> int:
 
 
 class MaskedProbs:
-    """The target's processed distributions, row i masked by states[i]: computed when the acceptance rule
-    first reads a row (it stops at the first rejection), each mask once."""
+    """The target's processed distributions, row i masked by states[i] (None: no grammar): computed when the
+    acceptance rule first reads a row (it stops at the first rejection), each row once, in float32 (Sampler.probs)."""
 
-    def __init__(self, rows: np.ndarray, states: list[State | None], sampler: Sampler):
-        self.rows, self.states, self.sampler = rows, states, sampler
+    def __init__(self, rows: np.ndarray, states: list[State | None] | None, sampler: Sampler):
+        self.rows, self.states, self.sampler = rows, states or [None] * len(rows), sampler
         self._done: dict[int, np.ndarray] = {}
         self.shape = (len(rows), rows.shape[1])
 
@@ -95,7 +95,7 @@ class MaskedProbs:
         i, rest = (key, None) if isinstance(key, (int, np.integer)) else (key[0], key[1])
         if i not in self._done:
             row, state = self.rows[i], self.states[i]
-            self._done[i] = self.sampler.probs(state.mask(row) if state is not None else row)
+            self._done[i] = self.sampler.probs(state.mask(row) if state is not None else row, wide=False)
         return self._done[i] if rest is None else self._done[i][rest]
 
 

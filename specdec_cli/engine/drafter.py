@@ -31,7 +31,7 @@ class Draft:
     offers: tuple[Any, ...] = ()  # auto: lookup's candidates, each learns from the round's text, drafted or not
     decodes: int = 0  # draft-model decodes spent (auto may verify fewer tokens): the draft's cost per token
     fed: int = 0  # tokens of the text the draft model was fed before it drafted (a window, a catch-up); -1: loaded
-    # Outcome.sure: a pass over one logits row (~0.03 ms), asked only where a learner uses it (auto, when
+    # Outcome.sure: an exp pass over one logits row (~0.05 ms), asked only where a learner uses it (auto, when
     # lookup offered something: where it offers nothing, most of most answers, the pass is saved).
     wants_confidence: bool = False
 
@@ -67,7 +67,7 @@ class Drafter:
         """The prompt but its last token, once, before the first round (a cache may hold a prefix of it)."""
 
     def propose(self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator) -> Draft:
-        """Up to k tokens to follow `committed`."""
+        """Up to k tokens to follow `committed`; `rng` draws them where the sampler samples (greedy: None)."""
         raise NotImplementedError
 
     def observe(self, draft: Draft, outcome: Outcome) -> None:

@@ -100,6 +100,8 @@ class Tree:
             [everyone] * len(feed) + [self.through[i] for i in order],
             first_out=len(feed) - 1,
         )
+        if order == sorted(order):  # most lookup trees: already in node order, and 17 rows copied cost ~1 ms
+            return rows
         out = np.empty_like(rows)
         out[0] = rows[0]
         out[1 + np.asarray(order, dtype=int)] = rows[1:]
