@@ -125,10 +125,20 @@ def wait_for_blocks(cache: Path, quiet: float = 2.0, limit: float = 300.0) -> tu
     raise SystemExit(f"no blocks in {cache} after {limit:.0f} s")
 
 
-def trial(i: int, args, server_args: list[str], tokenize, root: Path) -> dict:
+def requests(i: int, args, tokenize) -> tuple[list[dict], list[dict]]:
+    """Trial i's two chats: the same system prompt, two questions."""
     system = system_prompt(args.system_tokens, seed=1000 + i, tokenize=tokenize)
     first = [{"role": "system", "content": system}, {"role": "user", "content": "List the tools that touch files."}]
     second = [{"role": "system", "content": system}, {"role": "user", "content": "Which tool renames a branch?"}]
+    return first, second
+
+
+def second_request(args, tokenize) -> list[dict]:
+    return requests(args.trials - 1, args, tokenize)[1]
+
+
+def trial(i: int, args, server_args: list[str], tokenize, root: Path) -> dict:
+    first, second = requests(i, args, tokenize)
     cache, empty = root / f"trial{i}", root / f"empty{i}"
     s = Served(server_args, cache)
     try:
@@ -161,10 +171,10 @@ def trial(i: int, args, server_args: list[str], tokenize, root: Path) -> dict:
     return row
 
 
-def in_process(target: Path, threads: int, exact: bool, cache: Path) -> dict:
-    """The target alone: read back the last trial's blocks into an empty cache, then write them anew."""
-    import numpy as np
-
+def in_process(target: Path, threads: int, exact: bool, cache: Path, messages: list[dict]) -> dict:
+    """The target alone: restore the last trial's blocks for its second request's prompt (the files hold no
+    tokens: the prompt is built again, as the server built it) into an empty cache, then write them anew."""
+    from specdec_cli.chat import Message
     from specdec_cli.engine.kv import Sequence
     from specdec_cli.serve import prefixes
     from specdec_cli.session import RunConfig, open_session
@@ -173,13 +183,7 @@ def in_process(target: Path, threads: int, exact: bool, cache: Path) -> dict:
     with open_session(RunConfig(target=target, threads=threads, drafter="none", exact=exact)) as s:
         prefixes.attach(s, prefixes.MAX_BYTES, print)
         store = s.prefixes
-        blocks = {}  # first position -> the block's tokens (each file holds its own)
-        for name in store._names().values():
-            data = (store.folder / name).read_bytes()
-            header = prefixes.HEADER.unpack_from(data)
-            body = data[prefixes.HEADER.size : prefixes.HEADER.size + 4 * header[4]]
-            blocks[header[3]] = np.frombuffer(body, dtype="<i4").tolist()
-        tokens = [t for start in sorted(blocks) for t in blocks[start]] + [0]  # (+ a last token: never restored)
+        tokens = s.prompt_tokens(messages=[Message(m["role"], m["content"]) for m in messages])
         seq = Sequence.empty(s.target_ctx)
         t0 = time.perf_counter()
         held = store.restore(seq, tokens)
@@ -215,7 +219,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             rows = [trial(i, args, server_args, tokenize, Path(tmp)) for i in range(args.trials)]
             threads = int(server_args[server_args.index("-t") + 1]) if "-t" in server_args else 2
-            direct = in_process(target, threads, "--exact" in server_args, Path(tmp) / f"trial{args.trials - 1}")
+            last = Path(tmp) / f"trial{args.trials - 1}"
+            direct = in_process(target, threads, "--exact" in server_args, last, second_request(args, tokenize))
     cold = statistics.median(r["cold_ttft"] for r in rows)
     restored = statistics.median(r["restored_ttft"] for r in rows)
     summary = {

@@ -21,6 +21,10 @@ def at_least(lo: float, why: str = "") -> Check:
     return (lambda v: v >= lo), f"must be at least {lo} (got {{v}}){why}"
 
 
+def at_most(hi: float, why: str = "") -> Check:
+    return (lambda v: v <= hi), f"must be at most {hi:,} (got {{v}}){why}"
+
+
 def within(lo: float, hi: float, text: str, why: str = "", lo_open: bool = False) -> Check:
     return (lambda v: (lo < v if lo_open else lo <= v) and v <= hi), f"must be in {text} (got {{v}}){why}"
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from . import drafting
 from .backend import devices
 from .backend.rpc import problem as rpc_problem
-from .declaration import Check, Option, at_least, finite, option, within
+from .declaration import Check, Option, at_least, at_most, finite, option, within
 from .drafting import DRAFT_TOKENS, DRAFT_WINDOW, DRAFTERS, NEEDS
 from .drafting.window import MIN_WINDOW
 from .engine.sampling import Sampler
@@ -29,6 +29,7 @@ from .errors import UsageError
 
 # --- defaults and limits, one per line (a drafter's own, DRAFT_TOKENS and DRAFT_WINDOW, are drafting's) --------
 MAX_TOKENS = 256  # long enough for a code answer, short enough to come back quickly
+MAX_TOKENS_LIMIT = 2**31 - 1  # llama.cpp counts them in an int32 (n_predict); beyond, a request's value is absurd
 CTX_SIZE = 4096  # unless -c says or the target was trained for less: a page of prompt plus the answer, a small KV cache
 MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve output room for 64
 MAX_BRANCHES = 8  # --branches: a tree verify batch holds every branch's nodes, and llama.cpp a seq id per branch
@@ -169,7 +170,7 @@ class RunConfig:
         default=MAX_TOKENS,
         help=f"Stop after this many tokens [{MAX_TOKENS}].",
         config=(int,),
-        checks=(at_least(1),),
+        checks=(at_least(1), at_most(MAX_TOKENS_LIMIT, " (llama.cpp counts tokens in an int32)")),
     )
     temp: float = option(
         "--temp",

@@ -123,6 +123,7 @@ class Session:
         self.curve = measure.Curve(self.target_ctx, draft, AUTO_K_MAX + 1, key=key, kept=kept, about=about)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
         self.prefixes = None  # a server's long prompts kept on disk (serve/prefixes.py), restored where reused
+        self._salt: str | None = None  # the cache_salt of the run whose cells the caches keep (reused by its own)
         # A recurrent draft's state is probed with its weights (memory.rollback): it is loaded now.
         if self._draft_file and (not lazy_draft or self.draft_recurrent):
             self.draft_context()
@@ -236,23 +237,18 @@ class Session:
         prompt's control-token text is parsed (a raw prompt may want them). `messages`: a whole chat, in
         the template; `chat`: with or without the template whatever the configuration says (a server's
         two endpoints); `tools`: what the template shows the model (chat/template.py)."""
-        text = prompt if messages is None else "".join(m.content for m in messages)
-        n_ctx, size = self.target_ctx.n_ctx, len(text.encode("utf-8"))
-        # Refuse a text that cannot fit before tokenizing it: llama.cpp's tokenizers are not all linear
-        # (SentencePiece's byte fallback grows its buffer one symbol at a time), and do not see Ctrl-C.
-        if size > n_ctx and size > n_ctx * self.target.max_token_bytes():
-            raise PromptTooLong(
-                f"the prompt has {size:,} bytes, more than a context of {n_ctx:,} tokens can hold "
-                f"(no token of {self.target.name} is longer than {self.target.max_token_bytes()} bytes)",
-                hint="raise -c/--ctx-size or shorten the prompt",
-            )
+        # Every text the template may write (tools, calls, results too) counts before any is rendered or tokenized
+        self._check_bytes(chat_.limits.text_bytes([prompt] if messages is None else chat_.texts(messages, tools)))
         if messages is None and (self.uses_chat if chat is None else chat):
             messages = ([chat_.Message("system", self.cfg.system)] if self.cfg.system else []) + [
                 chat_.Message("user", prompt)
             ]
         if messages is not None:
             try:
-                tokens = chat_.tokens(self.target, messages, tools)
+                tokens = chat_.tokens(self.target, messages, tools, self.max_prompt_bytes)
+            except chat_.TooLong as e:  # the template's text with the request's
+                self._check_bytes(e.size)
+                raise
             except chat_.TemplateError as e:
                 raise UsageError(
                     str(e), hint="use --no-chat and write the prompt in the model's format yourself"
@@ -263,16 +259,33 @@ class Session:
                 f"--system needs the chat template, and {why}", hint="put the instructions into the prompt itself"
             )
         else:
-            tokens = self.target.tokenize(prompt, special=True)
+            tokens = chat_.limits.tokenize(self.target, prompt, add_special=True, parse_special=True)
         return self._fits(tokens)
 
     def infill_tokens(self, prefix: str, suffix: str, extra: list[fim.Extra] = (), prompt: str = "") -> list[int]:
         """A fill-in-the-middle prompt (the code before and after the cursor, other files), as llama-server lays
-        it out (chat/fim.py); UsageError where the target has no FIM tokens or the prompt does not fit."""
+        it out (chat/fim.py); UsageError where the target has no FIM tokens or the prompt does not fit. The texts
+        used whole (the prompt, the files' names) count before tokenizing; the others are cut first (fim.py)."""
+        self._check_bytes(chat_.limits.text_bytes([prompt, *(e.filename for e in extra)]))
         try:
             return self._fits(fim.layout(self.target, prefix, suffix, extra, prompt, self.target_ctx.n_ctx))
         except fim.NoFim as e:
             raise UsageError(str(e), hint="use a model trained to fill in the middle (Qwen2.5-Coder, ...)") from None
+
+    @property
+    def max_prompt_bytes(self) -> int:
+        """The most bytes a prompt's text may have and fit the context: no token stands for more than
+        max_token_bytes of them."""
+        return self.target_ctx.n_ctx * max(1, self.target.max_token_bytes())
+
+    def _check_bytes(self, size: int) -> None:
+        """Refuse a text that cannot fit before tokenizing it (chat/limits.py: tokenizing costs time)."""
+        if size > self.max_prompt_bytes:
+            raise PromptTooLong(
+                f"the prompt has {size:,} bytes, more than a context of {self.target_ctx.n_ctx:,} tokens can hold "
+                f"(no token of {self.target.name} is longer than {self.target.max_token_bytes()} bytes)",
+                hint="raise -c/--ctx-size or shorten the prompt",
+            )
 
     def _fits(self, tokens: list[int]) -> list[int]:
         if not tokens:
@@ -293,6 +306,7 @@ class Session:
         reuse: bool = False,
         trigger=None,
         prediction: str | None = None,
+        salt: str | None = None,
         **changes,
     ) -> Iterator[Event]:
         """Run the engine on prompt tokens. `changes`: settings of this run other than the session's
@@ -303,13 +317,15 @@ class Session:
         `reuse`: keep what both caches hold of this prompt from the run before (a server's chat turns);
         Prefilled.cached says how much. `trigger`: the grammar (gbnf) applies from there on (a tool call's
         opening marker, with tool_choice "auto"), LazyState. `prediction`: text the answer is expected to repeat
-        (OpenAI's predicted outputs; default: the --prediction file's), lookup's first source, counted in Stats."""
+        (OpenAI's predicted outputs; default: the --prediction file's), lookup's first source, counted in Stats.
+        `salt`: a request's cache_salt: a run reuses only cells of runs with the same salt (in memory and on disk),
+        so that a client cannot learn from Prefilled.cached, or from the time, what another namespace asked."""
         run = self.cfg.override(**changes)
         self.check_branches(run.branches)
         name = self.able(run.drafter) if "drafter" in changes else self.drafter
         corpus = self.lookup_corpus() if corpus is CACHED else corpus
         prediction = prediction if prediction is not None else run.prediction_text
-        return self._run(name, run, tokens, instruction, corpus, reuse, trigger, prediction)
+        return self._run(name, run, tokens, instruction, corpus, reuse, trigger, prediction, salt)
 
     def _run(
         self,
@@ -321,6 +337,7 @@ class Session:
         reuse: bool,
         trigger=None,
         prediction: str | None = None,
+        salt: str | None = None,
     ) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other. The
@@ -329,7 +346,9 @@ class Session:
         self.kept.begin(fit=reuse or not run.exact)  # exact mode's prompt cells differ without reuse (below)
         # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
         grammar = Grammar(self.target, run.gbnf, trigger) if run.gbnf else None
-        draft = (lambda: self.kept.take(self.draft_context(), tokens, reuse)) if self._draft_file else None
+        # Another namespace's cells are not reused (taken empty), though this run's may serve its own next run.
+        own, self._salt = salt == self._salt, salt
+        draft = (lambda: self.kept.take(self.draft_context(), tokens, reuse and own)) if self._draft_file else None
         if self._heads is not None:  # the target's decodes feed the heads only in runs that draft with them
             self._heads.heads.detach()
         heads = self.heads if self.target.heads and drafting.kind(name).heads != NEVER else None
@@ -360,9 +379,9 @@ class Session:
                 piece=self.target.piece,
             ),
         )
-        main = self.kept.take(self.target_ctx, tokens, reuse)
+        main = self.kept.take(self.target_ctx, tokens, reuse and own)
         if reuse and self.prefixes is not None:  # the prompt's saved blocks, where they reach further (and kept)
-            self.prefixes.restore(main, tokens)
+            self.prefixes.restore(main, tokens, salt)
         # Exact mode's prompt normally goes through the fast kernels (every run of a prompt decodes it
         # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in
         # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a

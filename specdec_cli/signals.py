@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[int] = []  # the signals seen during this run, first one first
+_again = [False]  # a later signal raises too (second_stops)
 
 
 class Interrupted(BaseException):
@@ -59,7 +60,7 @@ def _handler(signum: int, frame) -> None:
         timer.start()
         return
     _received.append(signum)
-    if len(_received) == 1:
+    if len(_received) == 1 or _again[0]:
         raise Interrupted(signum)
 
 
@@ -130,6 +131,17 @@ def held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextmanager
+def second_stops() -> Iterator[None]:
+    """Within the block a later signal raises Interrupted too: a teardown that may take seconds (a server
+    writing its prefix cache) is one the user can still cut short."""
+    _again[0] = True
+    try:
+        yield
+    finally:
+        _again[0] = False
 
 
 def over() -> None:

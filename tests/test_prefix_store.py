@@ -165,11 +165,13 @@ def _damage(kind: str, path: Path, models, prefix_cache: Path) -> None:
             other.ask(text(1300, seed=9))
         theirs = [p for p in blocks(prefix_cache) if p.parent == path.parent and p != path and start(p) == BLOCK]
         path.write_bytes(theirs[0].read_bytes())
-    elif kind == "wrong token count":  # the header says 511 tokens (and the CRC is recomputed: it still fails)
+    elif kind == "wrong token count":  # the header says 511 tokens (with a valid HMAC: it still fails)
         header = prefixes.HEADER.unpack_from(data)
-        body = data[prefixes.HEADER.size :]
-        parts = prefixes.encode(header[1].decode(), header[2].decode(), header[3], [0] * 511, b"")
-        path.write_bytes(parts[0] + body)
+        secret = prefixes.secret(prefix_cache)
+        parts = prefixes.encode(
+            secret, header[1].decode(), header[2].decode(), header[3], 511, data[prefixes.HEADER.size :]
+        )
+        path.write_bytes(b"".join(parts))
 
 
 DAMAGE = ["truncated", "garbage", "one flipped byte", "empty", "huge", "fifo", "another model", "another prefix"]
@@ -180,7 +182,7 @@ def test_a_damaged_block_is_one_warning_and_a_prefill_from_it(models, prefix_cac
     cfg = pair(models)
     with Server(cfg) as first:
         first.ask(SYSTEM + "First.")
-        chain = prefixes.digests(prefixes.model_key(first.session), first.session.prompt_tokens(SYSTEM))
+        chain = first.session.prefixes.chain(first.session.prompt_tokens(SYSTEM))
     second_block = next(p for p in blocks(prefix_cache) if p.stem == chain[1])
     _damage(kind, second_block, models, prefix_cache)
     prompt = SYSTEM + "Second."
@@ -203,13 +205,12 @@ def test_the_bound_evicts_the_least_recently_used_prompt_and_a_prompts_tail_firs
         time.sleep(0.01)
         s.ask(SYSTEM + "b")  # SYSTEM's blocks used again: now others[0]'s are the oldest
         s.ask(others[1])  # nine blocks: others[0]'s three go
-        key = prefixes.model_key(s.session)
         names = {p.stem for p in blocks(prefix_cache)}
-        chains = [prefixes.digests(key, s.session.prompt_tokens(t)) for t in (SYSTEM, *others)]
+        chains = [s.session.prefixes.chain(s.session.prompt_tokens(t)) for t in (SYSTEM, *others)]
     assert set(chains[0]) <= names and set(chains[2]) <= names and not set(chains[1]) & names
     with Server(cfg, max_bytes=2 * size) as s:  # two blocks: of the newest prompt's three, its tail goes
         s.ask(text(1300, seed=20))
-        chain = prefixes.digests(prefixes.model_key(s.session), s.session.prompt_tokens(text(1300, seed=20)))
+        chain = s.session.prefixes.chain(s.session.prompt_tokens(text(1300, seed=20)))
     assert {p.stem for p in blocks(prefix_cache)} == set(chain[:2])
 
 
@@ -218,7 +219,7 @@ def _write_many(folder: str, key: str, digest: str, seed: int, n: int) -> None:
     store = prefixes.Store(Path(folder), key)
     for _ in range(n):
         state = bytes([rng.randrange(256)]) * rng.randrange(1, 1 << 20)  # another size every time
-        store._write(digest, prefixes.encode(key, digest, BLOCK, list(range(BLOCK)), state))
+        store._write(digest, prefixes.encode(store.secret, key, digest, BLOCK, BLOCK, state))
 
 
 def test_two_servers_writing_the_same_block_at_once_leave_a_whole_file(tmp_path):
@@ -233,7 +234,7 @@ def test_two_servers_writing_the_same_block_at_once_leave_a_whole_file(tmp_path)
                 data = prefixes._read(folder / (digest + prefixes.SUFFIX), 1 << 30)
             except FileNotFoundError:
                 continue
-            prefixes.check(data, key, digest, BLOCK, list(range(BLOCK)))
+            prefixes.check(bytes(32), data, key, digest, BLOCK, BLOCK)
             seen.append(len(data))
 
     reader = threading.Thread(target=read)
@@ -249,12 +250,21 @@ def test_two_servers_writing_the_same_block_at_once_leave_a_whole_file(tmp_path)
 
 
 def test_a_cache_that_cannot_be_written_is_one_warning(models, prefix_cache):
-    prefix_cache.parent.mkdir(parents=True, exist_ok=True)
-    prefix_cache.write_text("a file where the folder goes")
     with Server(pair(models)) as s:
+        folder = s.session.prefixes.folder  # (the secret is made when the store is attached: the folder later)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.write_text("a file where the folder goes")
         answer, _ = s.ask(SYSTEM + "q")
         s.ask(SYSTEM + "r")
     assert answer and len(s.warnings) == 1 and "cannot write the prefix cache" in s.warnings[0]
+
+
+def test_a_cache_folder_that_cannot_be_made_turns_the_cache_off(models, prefix_cache):
+    prefix_cache.parent.mkdir(parents=True, exist_ok=True)
+    prefix_cache.write_text("a file where the folder goes")
+    with open_session(pair(models)) as s:
+        why = prefixes.attach(s, prefixes.MAX_BYTES, print)
+    assert why.startswith("cannot write the prefix cache") and s.prefixes is None
 
 
 @pytest.mark.parametrize("size", ["0", "-1", "nan"])

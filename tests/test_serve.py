@@ -435,10 +435,15 @@ def test_api_key_is_required_and_health_is_open(smollm2):
         assert s.stop() == 0
 
 
-def test_every_interface_without_a_key_warns(smollm2):
-    s = Served("--target", smollm2, "--drafter", "none", "--host", "0.0.0.0")
+def test_every_interface_without_a_key_refuses_to_start_unless_told(smollm2):
+    env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}
+    cmd = [sys.executable, "-m", "specdec_cli", "serve", "--target", str(smollm2), "--host", "0.0.0.0", "--port", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and out.stderr.startswith("error: --host 0.0.0.0 is reachable")
+    assert "--api-key" in out.stderr and "--insecure-no-key" in out.stderr
+    s = Served("--target", smollm2, "--drafter", "none", "--host", "0.0.0.0", "--insecure-no-key")
     assert s.stop() == 0  # (stop always ends it, killing it if it must)
-    assert "no authentication" in s.stderr and "--api-key" in s.stderr
+    assert "no authentication" in s.stderr
 
 
 def test_sigterm_mid_stream_ends_the_stream_cleanly_and_exits_0(smollm2):

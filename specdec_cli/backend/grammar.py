@@ -19,6 +19,7 @@ from llama_cpp.llama_grammar import JSON_GBNF
 from ..errors import UsageError
 from ..inputs import read_text
 from . import native
+from .gbnf_bounds import bounded
 from .schema import schema_to_gbnf
 
 ROOT = b"root"
@@ -51,6 +52,14 @@ def check(gbnf: str, schema: bool = False) -> None:
     """Parse the grammar now (no model needed: the vocabulary is used only when tokens are checked); `schema`:
     it is the converter's, from a --json-schema, and one that does not parse says what is wrong with that."""
     native.init_backend()
+    try:
+        bounded(gbnf)
+    except UsageError as e:
+        if not schema:
+            raise
+        raise UsageError(
+            f"--json-schema converts to a grammar llama.cpp cannot take: {e.message}", hint=e.hint
+        ) from None
     ptr, why = _init(None, gbnf)
     if not ptr and schema:  # the converter writes grammars that parse, but for a schema no value satisfies
         raise UsageError(
@@ -71,6 +80,7 @@ class Grammar:
         other threads may be writing to it. `trigger`: the grammar applies from this text on (LazyState)."""
         self.model, self.trigger = model, trigger
         self._completers: list[int] | None = None
+        bounded(gbnf)  # check() did, where it ran: this is the last door before llama.cpp
         ptr = L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), ROOT)
         if not ptr:  # a schema no value satisfies (an empty enum) converts to a grammar that does not parse
             raise UsageError(

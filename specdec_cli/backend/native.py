@@ -214,6 +214,7 @@ class Model:
             self.n_ctx_train = L.llama_model_n_ctx_train(self._ptr)
         self._pieces: dict[int, bytes] = {}
         self._max_token_bytes: int | None = None
+        self._control_texts: frozenset[str] | None = None
 
     def close(self) -> None:
         if self._ptr:
@@ -297,6 +298,15 @@ class Model:
         if self._max_token_bytes is None:
             self._max_token_bytes = max(len(L.llama_vocab_get_text(self.vocab, i) or b"") for i in range(self.n_vocab))
         return self._max_token_bytes
+
+    def control_texts(self) -> frozenset[str]:
+        """The texts that tokenizing with parse_special reads as one token and without it as text: the control
+        and unknown tokens' (llama.cpp's tokenizer_st_partition; user-defined ones are read either way)."""
+        if self._control_texts is None:
+            parsed = L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_UNKNOWN
+            ids = (i for i in range(self.n_vocab) if L.llama_vocab_get_attr(self.vocab, i) & parsed)
+            self._control_texts = frozenset(t for i in ids if (t := self.token_text(i)))
+        return self._control_texts
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         """Text to token ids; `special` adds BOS (when the model wants it) and parses control tokens."""

@@ -28,19 +28,58 @@ CONVERTER_FORMATS = re.compile(r"uuid[1-5]?|date|time|date-time")  # strings it 
 # max - min items or characters the converter can write: it nests a group per optional one, and llama.cpp
 # refuses a grammar nested much deeper
 NESTED_BOUND = 1000
+# objects and arrays inside each other, a local $ref counting as one more: the converter and _prepare recurse a
+# few frames a level, and Python's recursion limit stopped them at about 500 (anyOf in anyOf) or 490 $refs
+MAX_DEPTH = 100
 CANNOT = "the converter cannot express this schema"
 
 
 def schema_to_gbnf(schema: dict) -> str:
     """GBNF for `schema` (tool parameters, a response_format, --json-schema); UsageError saying what it cannot
     express. Whether the grammar parses is grammar.check's to say (no value satisfies an empty enum)."""
+    _check_depth(schema)
     marks = _Marks(schema)
     try:
         return marks.fill(json_schema_to_gbnf(json.dumps(_prepare(schema, "", marks, root=True))))
     except UsageError:
         raise
+    except RecursionError:  # a chain of $refs deeper than _check_depth follows, or one it cannot resolve
+        raise UsageError(f"{CANNOT}: it is nested too deeply (through its $refs)", hint=DEEP_HINT) from None
     except Exception as e:  # the converter's own errors: an unsupported feature, a bad reference
         raise UsageError(f"{CANNOT}: {type(e).__name__}: {e}") from None
+
+
+DEEP_HINT = "a schema this deep is no one's tool: flatten it, or name its parts in $defs that refer to each other"
+
+
+def _check_depth(schema: dict) -> None:
+    """UsageError where objects, arrays and local $refs nest deeper than MAX_DEPTH, before anything recurses
+    through them. A $ref is followed the first time only: the converter writes one rule for each."""
+    todo, seen = [(schema, 1)], set()
+    while todo:
+        node, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise UsageError(f"{CANNOT}: it nests more than {MAX_DEPTH} deep (objects, arrays, $refs)", hint=DEEP_HINT)
+        children = list(node.values()) if isinstance(node, dict) else node if isinstance(node, list) else []
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        if isinstance(ref, str) and ref.startswith("#") and ref not in seen:
+            seen.add(ref)
+            children.append(_pointed(schema, ref[1:]))
+        todo += [(child, depth + 1) for child in children if isinstance(child, (dict, list))]
+
+
+def _pointed(schema: dict, pointer: str):
+    """What a local JSON pointer (`/$defs/a`) names in `schema`; None where it names nothing."""
+    node = schema
+    for part in pointer.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and part.isdecimal() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
 
 
 class _Marks:

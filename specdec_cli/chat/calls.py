@@ -97,7 +97,7 @@ def constraint(tools: Tools, fmt: Format, to_gbnf) -> Constraint | None:
     if tools.choice == "none":
         return None
     chosen = [t for t in tools.tools if tools.choice in ("auto", "required") or t.name == tools.choice]
-    one = {"anyOf": [_call_schema(t, fmt) for t in chosen]} if len(chosen) > 1 else _call_schema(chosen[0], fmt)
+    one = _call_schemas(chosen, fmt)
     rules = re.sub(r"^root ::=", "call-json ::=", to_gbnf(one), count=1, flags=re.M).rstrip("\n") + "\n"
     rules = _loose(rules)
     many = tools.parallel
@@ -125,13 +125,62 @@ def _loose(rules: str) -> str:
     return _LITERALS.sub(lambda m: f"{m.group(1)} ::= ({m.group(2)}) space", rules)
 
 
-def _call_schema(tool: Tool, fmt: Format) -> dict:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool.name}, fmt.args_key: tool.parameters or {"type": "object"}},
-        "required": ["name", fmt.args_key],
-        "additionalProperties": False,
-    }
+def _call_schemas(chosen: list[Tool], fmt: Format) -> dict:
+    """The schema of a call of any of the chosen tools. A tool's own definitions (`$defs`, `definitions`: what
+    pydantic writes, as the OpenAI SDK's `pydantic_function_tool` does) move to the root, each tool's under its
+    own prefix: the converter resolves `#/$defs/...` from the root, which is now the call, not the tool."""
+    defs: dict = {}
+    calls = []
+    for i, tool in enumerate(chosen):
+        params, own = _lift_defs(tool.parameters or {"type": "object"}, f"tool{i}-")
+        defs |= own
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, fmt.args_key: params},
+                "required": ["name", fmt.args_key],
+                "additionalProperties": False,
+            }
+        )
+    one = {"anyOf": calls} if len(calls) > 1 else calls[0]
+    return {**one, "$defs": defs} if defs else one
+
+
+DEFS = ("definitions", "$defs")  # where a schema keeps its own definitions (the older name first)
+LOCAL_DEFS = ("#/$defs/", "#/definitions/")
+
+
+def _lift_defs(schema: dict, prefix: str) -> tuple[dict, dict]:
+    """(the schema without its top-level definitions, those definitions renamed prefix + name), each local
+    `$ref` to them renamed alike."""
+    if not isinstance(schema, dict) or not any(isinstance(schema.get(k), dict) for k in DEFS):
+        return schema, {}
+    top = {k: v for k, v in schema.items() if k not in DEFS}
+    found = {name: d for k in DEFS if isinstance(schema.get(k), dict) for name, d in schema[k].items()}
+    return _renamed(top, prefix), _renamed({prefix + name: d for name, d in found.items()}, prefix)
+
+
+def _renamed(value, prefix: str):
+    """A copy of a JSON value with every local definition `$ref` renamed; walked on a list, not by recursion (a
+    client's schema may be deep: the converter bounds that, after this)."""
+    root: list = [None]
+    stack = [(value, root, 0)]
+    while stack:
+        v, parent, key = stack.pop()
+        if isinstance(v, dict):
+            new: dict | list = dict.fromkeys(v)  # (the keys' order is the grammar's order of properties)
+            for k, x in v.items():
+                if k == "$ref" and isinstance(x, str) and x.startswith(LOCAL_DEFS):
+                    new[k] = "#/$defs/" + prefix + x.split("/", 2)[2]
+                else:
+                    stack.append((x, new, k))
+        elif isinstance(v, list):
+            new = [None] * len(v)
+            stack.extend((x, new, i) for i, x in enumerate(v))
+        else:
+            new = v
+        parent[key] = new
+    return root[0]
 
 
 def new_id() -> str:

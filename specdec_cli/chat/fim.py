@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from . import limits
+
 N_BATCH = 2048  # llama-server's default batch (-b): its budgets are shares of it
 N_PREDICT = -1  # llama-server's default -n: part of the extra files' budget
 SNIPPET = "\n\n--- snippet ---\n\n"  # an extra file's header where the model has no file separator
@@ -31,6 +33,7 @@ class FimModel(Protocol):
     def add_bos(self) -> bool: ...
     def bos(self) -> int: ...
     def tokenize_text(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+    def piece(self, token: int) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ def layout(
     ids = model.fim_tokens()
 
     def tok(text: str) -> list[int]:  # text as text: control-token names in the code are not parsed
-        return model.tokenize_text(text, add_special=False, parse_special=False)
+        return limits.tokenize(model, text, add_special=False, parse_special=False)
 
     budget = max(0, n_ctx - N_BATCH - 2 * N_PREDICT)  # the other files' tokens, nearest the cursor's first
     parts: list = []  # the head's parts, first to last: token lists, or texts (only their last tokens count)

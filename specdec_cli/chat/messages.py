@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,53 @@ class Tools:
 
     def named(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
+
+    @property
+    def shown(self) -> tuple[Tool, ...]:
+        """The tools the model is told about (none with tool_choice "none")."""
+        return self.tools if self.choice != "none" else ()
+
+
+def texts(messages: list[Message], tools: Tools | None = None) -> Iterator[str]:
+    """Every text of a conversation that the template may write: contents, tool calls (ids, names, arguments),
+    tool results' ids and names, and the tools shown (names, descriptions, parameters as JSON)."""
+    for m in messages:
+        yield m.content
+        yield from (x for x in (m.tool_call_id, m.name) if x)
+        for c in m.tool_calls:
+            yield from (c.id, c.name, c.arguments)
+    for t in tools.shown if tools is not None else ():
+        yield from (t.name, t.description, json.dumps(t.parameters, ensure_ascii=False))
+
+
+def guarded(
+    messages: list[Message], tools: Tools | None, guard: Callable[[str], str]
+) -> tuple[list[Message], Tools | None]:
+    """The conversation with `guard` applied to every text but the contents (chat.tokens marks those whole)."""
+    out = [
+        Message(
+            m.role,
+            m.content,
+            tuple(ToolCall(guard(c.id), guard(c.name), guard(c.arguments)) for c in m.tool_calls),
+            guard(m.tool_call_id) if m.tool_call_id is not None else None,
+            guard(m.name) if m.name is not None else None,
+        )
+        for m in messages
+    ]
+    if tools is None:
+        return out, None
+    shown = tuple(Tool(guard(t.name), guard(t.description), _json_guarded(t.parameters, guard)) for t in tools.tools)
+    return out, Tools(shown, tools.choice, tools.parallel)
+
+
+def _json_guarded(value: Any, guard: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return guard(value)
+    if isinstance(value, dict):
+        return {guard(str(k)): _json_guarded(v, guard) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_guarded(v, guard) for v in value]
+    return value
 
 
 def plain(pairs: list[tuple[str, str]]) -> list[Message]:

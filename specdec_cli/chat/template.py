@@ -7,11 +7,19 @@ Face does. Plain chats go through the built-in renderer wherever it knows the te
 prompt the built-in one does not. Tools, tool calls and tool results need the template's own markup: the Jinja
 template renders them. A template that cannot (it never mentions `tools`, or fails to render) gets them written
 as text in the Hermes format (`<tool_call>`, `<tool_response>`), which the built-in renderer can carry.
+
+A template is code from the model's file: whatever it raises (its raise_exception, a sandbox refusal, a division
+by zero, a range too big, memory) is a TemplateError, and so is a rendering that runs past RENDER_SECONDS or writes
+more than the prompt could hold (the caller's max_bytes), or one value past VALUE_CHARS: the same fallback.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
@@ -21,7 +29,13 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .. import ui
+from . import limits
 from .messages import Message, Tools
+
+RENDER_SECONDS = 1.0  # a template's whole rendering: real ones take milliseconds, tools and all
+RENDER_BYTES = 2**26  # a rendering's text where the caller names no bound (the server's is the context's: session.py)
+VALUE_CHARS = 2**24  # the longest string one operation in a template may make ('x' * n, center(n), replace)
+_CHECK_EVERY = 256  # template lines between two looks at the clock
 
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
@@ -47,25 +61,28 @@ class Template:
     def knows_tools(self) -> bool:
         return self.source is not None and "tools" in self.source
 
-    def render(self, messages: list[Message], tools: Tools | None = None) -> str:
-        """The prompt text, ready for the assistant's answer."""
-        shown = tools.tools if tools is not None and tools.choice != "none" else ()
+    def render(self, messages: list[Message], tools: Tools | None = None, max_bytes: int = RENDER_BYTES) -> str:
+        """The prompt text, ready for the assistant's answer; a Jinja rendering past max_bytes is a failure (the
+        fallback's text is the caller's to measure)."""
+        shown = tools.shown if tools is not None else ()
         if not shown and all(m.plain for m in messages):
             text = self.builtin([(m.role, m.content) for m in messages])
             if text is not None:
                 return text
+        why = ""
         if self.source is not None and (self.knows_tools or not shown):
             try:
-                return self._jinja(messages, shown)
+                return self._jinja(messages, shown, max_bytes)
             except TemplateError as e:
-                _warn_once(f"{self.name}: its chat template did not render ({e}); writing the chat in a plain form")
+                why = f" ({e})"
+                _warn_once(f"{self.name}: its chat template did not render{why}; writing the chat in a plain form")
         lowered = as_text(messages, shown)
         text = self.builtin([(m.role, m.content) for m in lowered])
         if text is None:
-            raise TemplateError(f"{self.name}'s chat template is not one llama.cpp knows, and it did not render")
+            raise TemplateError(f"{self.name}'s chat template is not one llama.cpp knows, and it did not render{why}")
         return text
 
-    def _jinja(self, messages: list[Message], tools) -> str:
+    def _jinja(self, messages: list[Message], tools, max_bytes: int) -> str:
         context: dict[str, Any] = {
             "messages": [_message(m) for m in messages],
             "add_generation_prompt": True,
@@ -75,10 +92,10 @@ class Template:
         if tools:
             context["tools"] = [t.for_template() for t in tools]
         try:
-            text = _compiled(self.source).render(**context)
-        except jinja2.TemplateError as e:  # the sandbox's SecurityError is one
-            raise TemplateError(f"{type(e).__name__}: {e}") from None
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
+            text = _bounded(_compiled(self.source), context, max_bytes)
+        except (TemplateError, limits.Cancelled):
+            raise
+        except Exception as e:  # jinja2's (the sandbox's SecurityError), Python's (ZeroDivisionError, MemoryError...)
             raise TemplateError(f"{type(e).__name__}: {e}") from None
         # The tokenizer adds BOS itself (as for the built-in renderer's text): a template's own would be a second.
         return text[len(self.bos) :] if self.bos and text.startswith(self.bos) else text
@@ -136,15 +153,15 @@ def _compiled(source: str) -> jinja2.Template:
     controls, its tojson (not Jinja's HTML-escaping one), raise_exception and strftime_now."""
     template = _COMPILED.get(source)
     if template is None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols], autoescape=False
-        )
+        env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols], autoescape=False)
+        env.filters |= {name: _sized(name, env.filters[name]) for name in _WIDE_FILTERS}
+        env.globals.pop("lipsum", None)  # paragraphs of lorem ipsum, as many as asked
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda f: datetime.now().strftime(f)
         try:
             template = _COMPILED[source] = env.from_string(source)
-        except jinja2.TemplateError as e:
+        except Exception as e:  # a syntax error; a nesting too deep for the compiler (RecursionError)
             raise TemplateError(f"{type(e).__name__}: {e}") from None
     return template
 
@@ -161,3 +178,98 @@ def _warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
         ui.warning(message)
+
+
+def _bounded(template: jinja2.Template, context: dict, max_bytes: int) -> str:
+    """The template's text, piece by piece: more than max_bytes, or a rendering past RENDER_SECONDS (its lines are
+    counted: a loop that writes nothing is still seen), is a TemplateError; a stopping server, Cancelled."""
+    deadline, out, size = time.monotonic() + RENDER_SECONDS, [], 0
+    with _watched(deadline):
+        for piece in template.generate(**context):
+            size += len(piece)  # characters: never more than its bytes
+            if size > max_bytes:
+                raise TemplateError(f"it writes more than {max_bytes:,} bytes, more than the context can hold")
+            out.append(piece)
+    return "".join(out)
+
+
+@contextmanager
+def _watched(deadline: float):
+    """Every _CHECK_EVERY lines of the template's own code (its compiled Python) on this thread: the clock and the
+    server's stop. A trace function's exception is raised in the traced frame (and ends the tracing)."""
+    count = [0]
+
+    def line(frame, event, arg):
+        count[0] += 1
+        if count[0] % _CHECK_EVERY == 0:
+            if time.monotonic() > deadline:
+                raise TemplateError(f"it renders for more than {RENDER_SECONDS:g} s")
+            limits.check_stop()
+        return line
+
+    def call(frame, event, arg):
+        return line if frame.f_code.co_filename == "<template>" else None
+
+    before = sys.gettrace()
+    sys.settrace(call)
+    try:
+        yield
+    finally:
+        sys.settrace(before)
+
+
+_FORMAT_WIDTH = re.compile(r"[%:{][^a-zA-Z%}]*?(?:\d{8,}|\*)")  # a width or precision of 8+ digits, or one given
+_WIDE_FILTERS = ("center", "indent", "wordwrap", "truncate", "format", "replace")
+_WIDE_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs", "replace", "format", "format_map"}
+
+
+def _check_size(name: str, obj: Any, args: tuple, kwargs: dict) -> None:
+    """Refuse an operation whose string would pass VALUE_CHARS, before it is made (it is one C call: no line of
+    the template runs meanwhile, and its memory is taken at once)."""
+    values = [*args, *kwargs.values()]
+    if name == "replace" and isinstance(obj, str) and len(values) >= 2:
+        old, new = str(values[0]), str(values[1])
+        n = len(obj) + 1 if not old else obj.count(old)
+        big = len(obj) + n * len(new) > VALUE_CHARS
+    elif name in ("format", "format_map") and isinstance(obj, str):
+        big = _FORMAT_WIDTH.search(obj) is not None
+    elif name == "expandtabs" and isinstance(obj, str):
+        big = any(isinstance(v, int) and v * obj.count("\t") > VALUE_CHARS for v in values)
+    else:
+        big = any(isinstance(v, int) and abs(v) > VALUE_CHARS for v in values)
+    if big:
+        raise TemplateError(f"its {name} would make a string longer than {VALUE_CHARS:,} characters")
+
+
+def _sized(name: str, fn: Callable) -> Callable:
+    def filter_(value, *args, **kwargs):
+        _check_size(name, value, args, kwargs)
+        return fn(value, *args, **kwargs)
+
+    return filter_
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Hugging Face's sandbox, with the operations that make one huge value in one step bounded."""
+
+    intercepted_binops = frozenset(["*", "**", "%"])
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*" and isinstance(right, (str, list, tuple)):
+            left, right = right, left
+        if operator == "*" and isinstance(left, (str, list, tuple)) and isinstance(right, int):
+            if len(left) * right > VALUE_CHARS:
+                raise TemplateError(f"it repeats a value to more than {VALUE_CHARS:,} items")
+        elif (
+            operator == "**" and isinstance(left, int) and isinstance(right, int) and left.bit_length() * right > 2**16
+        ):
+            raise TemplateError(f"it raises a number to the power {right}")  # (a float overflows by itself)
+        elif operator == "%" and isinstance(left, str):
+            _check_size("format", left, (), {})
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own names)
+        name = getattr(__obj, "__name__", "")
+        if name in _WIDE_METHODS and isinstance(getattr(__obj, "__self__", None), str):
+            _check_size(name, __obj.__self__, args, kwargs)
+        return super().call(__context, __obj, *args, **kwargs)

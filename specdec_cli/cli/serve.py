@@ -7,14 +7,14 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import typer
 
 from .. import options, signals, ui
 from .common import CONFIG, PAIR, model_names, opened, resolve
 from ..errors import SpecdecError, UsageError
-from ..serve import prefixes
+from ..serve import guard, prefixes
 from ..serve.http import Server
 from ..serve.service import Service
 
@@ -27,7 +27,10 @@ GIB = 1 << 30
 @options.with_options(*(k for k in options.BY_KEY if k != "prediction"))  # a request's own (its `prediction`)
 def serve(
     host: str = typer.Option(
-        "127.0.0.1", "--host", help="Address to listen on; anything but loopback needs --api-key."
+        "127.0.0.1",
+        "--host",
+        help="Address to listen on; anything but loopback needs --api-key (or --insecure-no-key) and is not "
+        "checked for its Host header.",
     ),
     port: int = typer.Option(PORT, "-p", "--port", help="Port to listen on (0: any free one; the URL says which)."),
     api_key: Optional[str] = typer.Option(
@@ -35,7 +38,28 @@ def serve(
         "--api-key",
         help=f"Require 'Authorization: Bearer KEY' on every request but /health (default: ${API_KEY_ENV}).",
     ),
+    insecure_no_key: bool = typer.Option(
+        False, "--insecure-no-key", help="Serve a --host other machines reach without --api-key: anyone may use it."
+    ),
+    allow_origin: Optional[List[str]] = typer.Option(
+        None,
+        "--allow-origin",
+        metavar="ORIGIN",
+        help="A web page (scheme://host[:port]) whose requests are answered, with CORS headers; again for more. "
+        "Others' are refused (403).",
+    ),
     queue: int = typer.Option(QUEUE, "--queue", help="Requests that may wait while one generates; more get 503."),
+    max_connections: int = typer.Option(
+        guard.MAX_CONNECTIONS,
+        "--max-connections",
+        help="Connections at once; past it a new one closes the one waiting longest for its request (503 if none).",
+    ),
+    header_timeout: float = typer.Option(
+        guard.HEAD_SECONDS, "--header-timeout", help="Seconds a request's line and headers may take, in all."
+    ),
+    body_timeout: float = typer.Option(
+        guard.BODY_SECONDS, "--body-timeout", help="Seconds a request's body may take, in all, after its headers."
+    ),
     prefix_cache: bool = typer.Option(
         True,
         "--prefix-cache/--no-prefix-cache",
@@ -46,6 +70,11 @@ def serve(
         prefixes.MAX_BYTES / GIB,
         "--prefix-cache-size",
         help="GiB the prefix cache may hold on disk, over every model; the least recently used go first.",
+    ),
+    prefix_cache_hours: float = typer.Option(
+        prefixes.LIFETIME / 3600,
+        "--prefix-cache-hours",
+        help="Hours a prompt may stay in the prefix cache unused; then its files are removed.",
     ),
     pair: Optional[str] = PAIR,
     config_path: Optional[Path] = CONFIG,
@@ -58,15 +87,25 @@ def serve(
         raise UsageError(f"--queue must be at least 0 (got {queue})")
     if not (math.isfinite(prefix_cache_size) and prefix_cache_size > 0):
         raise UsageError(f"--prefix-cache-size must be a positive number of GiB (got {prefix_cache_size})")
+    if not (math.isfinite(prefix_cache_hours) and prefix_cache_hours > 0):
+        raise UsageError(f"--prefix-cache-hours must be a positive number of hours (got {prefix_cache_hours})")
     if not 0 <= port < 65536:
         raise UsageError(f"--port must be 0-65535 (got {port})")
+    limits = _limits(max_connections, header_timeout, body_timeout)
+    origins = _origins(allow_origin or [])
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key is empty")
     address = _address(host)
+    if not ipaddress.ip_address(address).is_loopback and api_key is None and not insecure_no_key:
+        raise UsageError(
+            f"--host {host} is reachable from other machines: give --api-key KEY (or ${API_KEY_ENV})",
+            hint="or --insecure-no-key to let anyone who reaches it use it",
+        )
     cfg = resolve(given, pair, config_path, debug=debug)
+    guard.raise_file_limit()  # a descriptor for each of the cap's connections, and to spare
     try:  # listen before loading: a taken port fails in a second, not after the models load
-        server = Server((address, port), None, api_key, debug)
+        server = Server((address, port), None, api_key, debug, limits, host, origins)
     except OSError as e:
         raise SpecdecError(
             f"cannot listen on {host}:{port}: {e.strerror or e}",
@@ -74,7 +113,8 @@ def serve(
         ) from None
     try:
         with opened(cfg, costs=True) as session:
-            why = prefixes.attach(session, int(prefix_cache_size * GIB), ui.warning) if prefix_cache else None
+            size, lifetime = int(prefix_cache_size * GIB), prefix_cache_hours * 3600
+            why = prefixes.attach(session, size, ui.warning, api_key, lifetime) if prefix_cache else None
             if why:
                 ui.note(f"prefix cache off: {why}")
             server.service = Service(session, *model_names(cfg), queue)
@@ -89,8 +129,8 @@ def _serve(server: Server, host: str, keyed: bool, cfg) -> None:
     url = f"http://{shown}:{bound_port}/v1"
     if not ipaddress.ip_address(bound_host).is_loopback and not keyed:
         ui.warning(
-            f"{host} is reachable from other machines and this server has no authentication: anyone who reaches it "
-            f"can use it; give --api-key KEY (or ${API_KEY_ENV})"
+            f"{host} is reachable from other machines and this server has no authentication (--insecure-no-key): "
+            f"anyone who reaches it can use it"
         )
     listener = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="specdec-http", daemon=True
@@ -113,7 +153,31 @@ def _serve(server: Server, host: str, keyed: bool, cfg) -> None:
             server.shutdown()  # the listener's loop ends
             listener.join()
         server.close()
+    with signals.second_stops():  # the last prompt's blocks, once no request runs; a second signal cuts it
+        server.service.keep_before_stopping()
     ui.note("stopped")
+
+
+def _limits(max_connections: int, header_timeout: float, body_timeout: float) -> guard.Limits:
+    if max_connections < 1:
+        raise UsageError(f"--max-connections must be at least 1 (got {max_connections})")
+    for flag, seconds in (("--header-timeout", header_timeout), ("--body-timeout", body_timeout)):
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise UsageError(f"{flag} must be a positive number of seconds (got {seconds})")
+    return guard.Limits(max_connections, header_timeout, body_timeout)
+
+
+def _origins(given: list[str]) -> frozenset[str]:
+    out = set()
+    for value in (v for item in given for v in item.split(",")):
+        origin = guard.origin(value)
+        if origin is None:
+            raise UsageError(
+                f"--allow-origin must be an origin, scheme://host[:port] (got {value!r})",
+                hint="e.g. --allow-origin http://localhost:3000 (no path, no trailing slash)",
+            )
+        out.add(origin)
+    return frozenset(out)
 
 
 def _address(host: str) -> str:

@@ -22,6 +22,7 @@ from .cuts import Probs, StopText  # noqa: F401 (StopText: re-exported)
 from .body import COMMENT, STARTED, WAITING, ApiError, decode, json_type, number, text, typed  # noqa: F401 (ApiError, decode: re-exported)
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
+MAX_SALT = 1024  # characters of a cache_salt: vLLM suggests 43 (256 random bits in base64)
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}  # what generates (serve and batch)
 # API field -> run option, for the fields that set one (the extra body fields keep specdec's names).
 SETTINGS = {
@@ -66,7 +67,8 @@ IGNORED = {
 }
 # Every field a body may have; any other is refused as OpenAI refuses it (a typo such as `temprature`
 # would otherwise run with the default, unnoticed).
-READ = {"stream", "stream_options", "stop", "exact", "cache_prompt", "response_format", "prediction", "logprobs"}
+READ = {"stream", "stream_options", "stop", "exact", "cache_prompt", "cache_salt", "response_format", "prediction",
+        "logprobs"}  # fmt: skip
 TOOLS = {"tools", "tool_choice", "parallel_tool_calls"}
 OWN = {"chat": {"messages", "top_logprobs", *TOOLS}, "completion": {"prompt", "suffix"}}
 FIELDS = {kind: {*own, *READ, *SETTINGS, *UNSUPPORTED, *NOT_DONE, *IGNORED} for kind, own in OWN.items()}
@@ -88,6 +90,7 @@ class Request:
     exact: bool | None = None
     cache_prompt: bool | None = None  # llama-server's name: start from what the caches hold of this prompt (None:
     # not said; serve does, a batch does not: its answers do not then depend on the request before them)
+    cache_salt: str | None = None  # vLLM's name: reuse cached prompt cells only of requests with the same salt
     template: bool | None = False  # a completion's prompt as it is; None: as `generate` reads it (a batch's
     # hand-written {"prompt"} line): in the chat template where the target has one and --chat says so
     # Fill in the middle (a completion's `suffix`, llama-server's /infill): `prompt` is the code before the
@@ -153,6 +156,7 @@ def parse(kind: str, body: Any) -> Request:
         req.settings["gbnf"] = _response_format(body["response_format"])
     req.exact = typed(body, "exact", bool)
     req.cache_prompt = typed(body, "cache_prompt", bool)
+    req.cache_salt = cache_salt(body)
     req.prediction = _prediction(body.get("prediction"))
     if req.tools is not None and req.tools.choice != "none" and req.settings.get("gbnf"):
         raise ApiError(
@@ -161,6 +165,14 @@ def parse(kind: str, body: Any) -> Request:
             param="response_format",
         )
     return req
+
+
+def cache_salt(body: dict) -> str | None:
+    """vLLM's cache_salt, in every API's body: a non-empty string of at most MAX_SALT characters."""
+    salt = typed(body, "cache_salt", str)
+    if salt is not None and not 0 < len(salt) <= MAX_SALT:
+        raise ApiError(400, f"cache_salt must be a string of 1 to {MAX_SALT} characters", param="cache_salt")
+    return salt
 
 
 def _logprobs(kind: str, body: dict) -> int | None:

@@ -96,8 +96,11 @@ def schema_refused(e: UsageError, param: str) -> ApiError:
 
 
 def schema_grammar(schema: dict, param: str) -> str:
-    """A request's JSON schema as GBNF, or a 400 naming `param`."""
+    """A request's JSON schema as GBNF, or a 400 naming `param`: parsed now, as --json-schema is, so that what
+    llama.cpp cannot take (grammar.bounded) or no value satisfies is refused before a stream's first line."""
     try:
-        return grammar.from_schema(json.dumps(schema))
+        gbnf = grammar.from_schema(json.dumps(schema))
+        grammar.check(gbnf, schema=True)
+        return gbnf
     except UsageError as e:
         raise schema_refused(e, param) from None

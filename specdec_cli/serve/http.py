@@ -2,13 +2,18 @@
 
 Why not an ASGI stack (uvicorn + starlette/FastAPI + pydantic): one generation runs at a time anyway, so
 an event loop buys nothing here, and they would add five packages and ~0.3 s of imports to every start.
+uvicorn alone (over h11) adds three packages (2.3 MB) and ~0.13 s, and still has no deadline for a request's
+head or body (uvicorn issue 157): the slow-client defences below would be written for it all the same.
 http.server parses requests and headers; ThreadingHTTPServer gives each connection a thread, which
 waits its turn at the Gate. What it leaves to us is small and written once below: a body size limit,
-chunked streaming of server-sent events, and noticing a client that went away.
+chunked streaming of server-sent events, and noticing a client that went away; and, in guard.py, what a hostile
+client could otherwise do with it: a cap on connections, a deadline for each request's head and body, and the
+Host, Origin and Content-Type checks that keep web pages out.
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
 import itertools
 import json
@@ -20,12 +25,13 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .. import __version__, ui
-from . import api, llama, messages, responses
+from . import api, guard, llama, messages, responses
 from .service import Finished, Service, whole
 
 MAX_BODY = 8 * 2**20  # bytes; a prompt that fits any context we allow is far smaller
 JSON = (",", ":")  # compact, one line: llama.vim checks a response's text for `"content":"`, with no space
-IDLE_SECONDS = 30.0  # a connection that sends nothing for this long is closed (and a slow sender's read fails)
+STARVED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)  # accept() failing for want of descriptors
+STARVED_NOTE_SECONDS = 60.0  # at most one line this often while they last
 ROUTES = {
     **{("POST", path): kind for path, kind in api.ENDPOINTS.items()},
     ("POST", "/v1/responses"): "responses",
@@ -47,13 +53,28 @@ DIALECTS |= {"infill": llama, "llama": llama}
 class Server(ThreadingHTTPServer):
     daemon_threads = False  # server_close() waits for every connection's thread: nothing is cut mid-write
     block_on_close = True
+    request_queue_size = 128  # the listen backlog: socketserver's 5 drops the SYNs of a burst (and /health's)
 
-    def __init__(self, address: tuple[str, int], service: Service | None, api_key: str | None, debug: bool):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        service: Service | None,
+        api_key: str | None,
+        debug: bool,
+        limits: guard.Limits = guard.Limits(),
+        host: str | None = None,
+        origins: frozenset[str] = frozenset(),
+    ):
+        """`host`: the --host given (a name a Host header may use besides loopback's); `origins`: the web pages
+        (--allow-origin, as guard.origin writes them) whose requests are answered, with CORS headers."""
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.service = service
         self.api_key = api_key.encode() if api_key else None
         self.debug = debug
-        self._connections: set[socket.socket] = set()
+        self.conns = guard.Connections(limits)
+        self.hosts = guard.allowed_hosts(address[0], host or address[0])
+        self.origins = origins
+        self._pause, self._starved_at = guard.BACKOFF[0], -STARVED_NOTE_SECONDS
         super().__init__(address, Handler)
 
     def handle_error(self, request, client_address) -> None:
@@ -63,12 +84,43 @@ class Server(ThreadingHTTPServer):
         if not isinstance(error, (ConnectionError, TimeoutError)):
             ui.error(f"connection from {client_address[0]}: unexpected {type(error).__name__}: {error}")
 
-    def process_request(self, request, client_address):
-        self._connections.add(request)
-        super().process_request(request, client_address)
+    def get_request(self):
+        """accept(), which fails at once, again and again, while the process is out of file descriptors: then the
+        connection that waited longest is closed (a descriptor for the next) and the loop pauses, not spins."""
+        try:
+            got = super().get_request()
+        except OSError as e:
+            if e.errno in STARVED:
+                self._starved(e)
+            raise  # (socketserver drops the attempt)
+        self._pause = guard.BACKOFF[0]
+        return got
+
+    def _starved(self, e: OSError) -> None:
+        now = time.monotonic()
+        if now - self._starved_at > STARVED_NOTE_SECONDS:
+            self._starved_at = now
+            ui.warning(
+                f"cannot accept connections ({e.strerror}): closing the one that waited longest and pausing; "
+                f"{len(self.conns)} are open (--max-connections {self.conns.limits.max_connections})"
+            )
+        self.conns.evict()
+        time.sleep(self._pause)
+        self._pause = min(2 * self._pause, guard.BACKOFF[1])
+
+    def verify_request(self, request, client_address) -> bool:
+        """Admit a connection under the cap (evicting the one that waited longest), or refuse it with 503."""
+        if self.conns.admit(request):
+            return True
+        e = api.ApiError(503, "too many connections, each being answered: try again shortly")
+        guard.refuse_at_cap(request, b"503 Service Unavailable", json.dumps(e.body(), separators=JSON).encode())
+        return False
+
+    def service_actions(self) -> None:  # the accept loop, every poll: the deadlines
+        self.conns.sweep()
 
     def shutdown_request(self, request):
-        self._connections.discard(request)
+        self.conns.remove(request)
         super().shutdown_request(request)
 
     def close(self) -> None:
@@ -76,11 +128,7 @@ class Server(ThreadingHTTPServer):
         from their wait for a next request, and every connection's thread is waited for."""
         if self.service is not None:
             self.service.gate.close()
-        for conn in list(self._connections):
-            try:
-                conn.shutdown(socket.SHUT_RD)  # a thread waiting for a request reads the end; writes still go
-            except OSError:
-                pass
+        self.conns.wake_all()
         self.server_close()
 
 
@@ -88,40 +136,91 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: an editor sends its requests over one connection
     default_request_version = "HTTP/1.0"  # an unreadable request line still gets a status line (not HTTP/0.9's none)
     server_version = f"specdec/{__version__}"
-    timeout = IDLE_SECONDS
+    timeout = guard.IDLE_SECONDS  # each read's and write's (the deadlines are the accept loop's: guard.py)
     server: Server
+
+    def setup(self) -> None:
+        super().setup()
+        self._served, self._cut_answered, self._cors = False, False, None
+
+    def handle_one_request(self) -> None:
+        """One request; on a kept-alive connection, after waiting (idle) for its first byte, from which its
+        head's deadline runs (a new connection's runs from its accept)."""
+        if self._served:
+            self.server.conns.enter(self.connection, "idle")
+            try:
+                first = self.rfile.peek(1)
+            except OSError:  # (a timeout, a reset)
+                first = b""
+            if not first or self._cut():
+                self.close_connection = True
+                return
+            self.server.conns.enter(self.connection, "head")
+        self._served = True
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        """http.server's, then whether the accept loop cut the connection meanwhile (its head too slow, or evicted
+        at the cap): then the request, whatever arrived of it, is answered with why, never served."""
+        self._cors = None
+        ok = super().parse_request()
+        if self._cut():
+            self.send_error(*self._cut())
+            return False
+        if ok:
+            self.server.conns.enter(self.connection, "busy")
+        return ok
+
+    def _cut(self) -> tuple[int, str] | None:
+        return self.server.conns.cut_of(self.connection)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own refusals (a malformed request line, headers too long, an unknown method) in
-        OpenAI's error shape too, not its HTML page."""
+        OpenAI's error shape too, not its HTML page. A cut connection answers why it was cut, once (or nothing,
+        an idle one)."""
         self.close_connection = True
+        cut = self._cut()
+        if cut is not None:
+            if self._cut_answered or not cut[0]:
+                return
+            self._cut_answered, (code, message) = True, cut
+        e = api.ApiError(code, message or HTTPStatus(code).phrase)
         try:
-            self._send_json(code, api.ApiError(code, message or HTTPStatus(code).phrase).body())
+            self._send_json(code, e.body(), {"Retry-After": str(guard.RETRY_AFTER)} if code == 503 else None)
         except OSError:
             pass
+
+    def end_headers(self) -> None:
+        if self._cors:  # a page --allow-origin lists: it may read the answer
+            self.send_header("Access-Control-Allow-Origin", self._cors)
+            self.send_header("Vary", "Origin")
+        super().end_headers()
 
     def log_message(self, format: str, *args) -> None:  # http.server's own lines: only with --debug
         if self.server.debug:
             ui.note(f"{self.address_string()} {format % args}")
 
     def _dispatch(self) -> None:
-        """Every method: the route decides (a known path with another method is 405, not http.server's 501)."""
+        """Every method: the route decides (a known path with another method is 405, not http.server's 501).
+        The checks, in order: a web page's (Host, Origin), the key (every route but /health, every method), the
+        route, then a body's Content-Type and length."""
         method, t0 = self.command, time.perf_counter()
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         self._body_read = False
-        self._dialect = api
+        get = "GET" if method == "HEAD" else method  # HEAD: GET without its body
+        route = ROUTES.get((get, path)) or ("model" if get == "GET" and path.startswith("/v1/models/") else None)
+        self._dialect = DIALECTS.get(route, api)
         try:
-            route = ROUTES.get(("GET" if method == "HEAD" else method, path))  # HEAD: GET without its body
-            self._dialect = DIALECTS.get(route, api)
-            if route is None:
-                if any(p == path for _, p in ROUTES):
-                    raise api.ApiError(405, f"{method} is not allowed on {path}")
-                if path.startswith("/v1/models/") and method == "GET":
-                    route = "model"
-                else:
-                    raise api.ApiError(404, f"no such endpoint: {method} {path}", code="unknown_url")
+            self._cors = guard.check_page(self.headers, self.server.hosts, self.server.origins)
+            if method == "OPTIONS" and self._cors and "Access-Control-Request-Method" in self.headers:
+                self._preflight()  # (a browser sends no key with it)
+                return
             if route != "health":
                 self._authorize()
+            if route is None:
+                if any(p == path for _, p in ROUTES) or path.startswith("/v1/models/"):
+                    raise api.ApiError(405, f"{method} is not allowed on {path}")
+                raise api.ApiError(404, f"no such endpoint: {method} {path}", code="unknown_url")
             if route == "health":
                 self._send_json(200, {"status": "ok"})
             elif route == "models":
@@ -141,6 +240,18 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _dispatch
 
+    def _preflight(self) -> None:
+        """A browser asks whether a page --allow-origin lists may send its request: yes, with the headers it asks."""
+        if self._has_body():
+            self.close_connection = True
+        self.send_response(204)
+        for k, v in guard.preflight(self.headers).items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+
     def _authorize(self) -> None:
         key = self.server.api_key
         if key is None:
@@ -154,21 +265,20 @@ class Handler(BaseHTTPRequestHandler):
             raise api.ApiError(401, "a valid API key is required: Authorization: Bearer KEY", code="invalid_api_key")
 
     def _body(self) -> object:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self.close_connection = True
-            raise api.ApiError(411, "send the body with a Content-Length (chunked request bodies are not accepted)")
-        lengths = set(self.headers.get_all("Content-Length") or [])
-        length = lengths.pop().strip() if len(lengths) == 1 else None
-        if length is None or not length.isdigit():
-            self.close_connection = True
-            missing = not lengths and length is None
-            raise api.ApiError(411 if missing else 400, "a request body needs one valid Content-Length")
-        n = int(length)
-        if n > MAX_BODY:
-            self.close_connection = True  # its body is never read: the connection cannot carry another request
-            raise api.ApiError(413, f"the request body has {n:,} bytes; the limit is {MAX_BODY:,}")
+        """The request's JSON: its Content-Type JSON's, its length one Content-Length in ASCII digits, the body
+        read whole within its deadline."""
+        n = guard.body_length(self.headers, MAX_BODY)
+        self.server.conns.enter(self.connection, "body")
         raw = self.rfile.read(n)
         self._body_read = True
+        cut = self._cut()
+        if cut is not None:  # too slow, or evicted at the cap: whatever came is not served
+            self.close_connection = True
+            raise api.ApiError(*cut, retry_after=guard.RETRY_AFTER if cut[0] == 503 else None)
+        self.server.conns.enter(self.connection, "busy")
+        if len(raw) < n:  # the client closed its side: a cut body could still parse (a number, an object's prefix)
+            self.close_connection = True
+            raise api.ApiError(400, f"the request body ended after {len(raw):,} of its {n:,} bytes")
         return api.decode(raw)
 
     def _model_card(self) -> dict:
@@ -267,8 +377,9 @@ class Handler(BaseHTTPRequestHandler):
         waiting to be read is a next request on a kept-alive connection, not a goodbye."""
         conn = self.connection
         try:
-            readable, _, _ = select.select([conn], [], [], 0)
-            return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+            poll = select.poll()  # (not select.select: a descriptor past 1,023 is out of its range)
+            poll.register(conn, select.POLLIN)
+            return bool(poll.poll(0)) and conn.recv(1, socket.MSG_PEEK) == b""
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:

@@ -59,6 +59,7 @@ def parse(kind: str, value: Any) -> api.Request:
             raise ApiError(400, f"{name} = {given!r} is not supported by this server", param=name)
     req.stream = bool(typed(value, "stream", bool))
     req.cache_prompt = typed(value, "cache_prompt", bool)
+    req.cache_salt = api.cache_salt(value)
     req.stop = _stop(value.get("stop"))
     n_predict = value.get("n_predict", value.get("max_tokens"))
     if n_predict is not None:

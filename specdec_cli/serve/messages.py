@@ -33,7 +33,8 @@ NOT_DONE = {  # fields that ask for something we cannot do: refused, not silentl
     "compaction": "server-side compaction",
     "thread": "server-held conversations",
 }
-COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "output_config", *IGNORED, *NOT_DONE}
+COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "output_config", "cache_salt", *IGNORED,
+                *NOT_DONE}  # fmt: skip
 FIELDS = {
     "messages": COUNT_FIELDS | {"max_tokens", "stop_sequences", "stream", *SETTINGS},
     "count_tokens": COUNT_FIELDS,
@@ -61,6 +62,7 @@ def parse(kind: str, body: Any) -> api.Request:
     system = _system(body.get("system"))
     req.messages = system + _messages(body.get("messages"))
     req.tools = _tools(body.get("tools"), body.get("tool_choice"))
+    req.cache_salt = api.cache_salt(body)
     gbnf = _output_format(body.get("output_config"))
     if kind == "count_tokens":
         return req

@@ -39,7 +39,7 @@ IGNORED = {
     "service_tier", "truncation", "safety_identifier", "stream_options", "max_tool_calls", "client_metadata",
 }  # fmt: skip
 READ = {"input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "stream", "top_logprobs"}
-FIELDS = {*READ, *SETTINGS, *REFUSED, *IGNORED, "exact", "cache_prompt"}
+FIELDS = {*READ, *SETTINGS, *REFUSED, *IGNORED, "exact", "cache_prompt", "cache_salt"}
 # Tool types that OpenAI's servers run (or that need a client protocol other than function calls): the model
 # here cannot use them, so they are left out rather than refused, or Codex CLI could not talk to us at all.
 HOSTED = {
@@ -83,6 +83,7 @@ def parse(kind: str, body: Any) -> api.Request:
         req.settings["gbnf"] = fmt
     req.exact = typed(body, "exact", bool)
     req.cache_prompt = typed(body, "cache_prompt", bool)
+    req.cache_salt = api.cache_salt(body)
     if req.tools is not None and req.tools.choice != "none" and req.settings.get("gbnf"):
         raise ApiError(400, "text.format with tools is not supported: the calls have their own grammar", param="text")
     return req

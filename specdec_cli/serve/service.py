@@ -23,6 +23,7 @@ from . import body, cuts
 from .body import STARTED, WAITING
 from .cuts import Indent, Ledger, Probs, Scored, Text
 from .jobs import END, Job, Newest, shutting_down
+from .prefixes import STOP_SECONDS
 from .api import ApiError, Request, StopText, api_name, completion, finish_reason, new_id
 
 
@@ -131,7 +132,12 @@ class Service:
 
     def tokens(self, req: Request) -> list[int]:
         """The prompt as the target reads it: chat messages in its template (the server's --system
-        first, when the request has no system message), a completion's prompt as it is."""
+        first, when the request has no system message), a completion's prompt as it is. On a connection's
+        thread: a stopping server ends its tokenizing and rendering where they are (chat/limits.py), with 503."""
+        with chat.limits.stopping(lambda: self.gate.closing):
+            return self._tokens(req)
+
+    def _tokens(self, req: Request) -> list[int]:
         s = self.session
         try:
             if req.kind == "chat":
@@ -147,6 +153,8 @@ class Service:
                     raise ApiError(501 if req.kind == "infill" else 400, why, param="suffix")
                 return s.infill_tokens(req.prompt, req.suffix, req.extra, req.continued)
             return s.prompt_tokens(req.prompt, chat=req.template)
+        except chat.Cancelled:
+            raise shutting_down() from None
         except UsageError as e:
             raise ApiError(
                 400,
@@ -186,15 +194,40 @@ class Service:
         return calls.format_of(self.session.target.chat_template())
 
     def _tool_grammar(self, req: Request) -> dict:
-        """The calls' grammar (each tool's arguments by its schema), lazy with tool_choice "auto"."""
+        """The calls' grammar (each tool's arguments by its schema), lazy with tool_choice "auto". A tool whose
+        schema the converter cannot express (or llama.cpp could not take) gets any JSON object for arguments,
+        said in a warning: the request is still answered (tools come from third parties, MCP servers)."""
+        from dataclasses import replace
+
         fmt = self.call_format(req)
         if fmt is None:
             return {}
-        try:
-            c = calls.constraint(req.tools, fmt, schema_to_gbnf)
+
+        def constraint(tools: calls.Tools) -> calls.Constraint:
+            c = calls.constraint(tools, fmt, schema_to_gbnf)
             grammar.check(c.gbnf, schema=True)
+            return c
+
+        try:
+            c = constraint(req.tools)
         except UsageError as e:
-            raise body.schema_refused(e, "tools") from None
+            refused = e
+            kept, loosened = [], []
+            for t in req.tools.tools:
+                try:  # alone, as a call: its $refs resolve where they do among the others
+                    if req.tools.choice in ("auto", "required", t.name):
+                        constraint(replace(req.tools, tools=(t,), choice="required"))
+                    kept.append(t)
+                except UsageError as why:
+                    kept.append(replace(t, parameters={"type": "object"}))
+                    loosened.append(f"{t.name} ({why.message.removeprefix('--json-schema').lstrip(': ')})")
+            if not loosened:  # each converts alone: together they are past a bound
+                raise body.schema_refused(refused, "tools") from None
+            ui.warning(f"tools: any JSON object stands for the arguments of {'; '.join(loosened)}")
+            try:
+                c = constraint(replace(req.tools, tools=tuple(kept)))
+            except UsageError as e:
+                raise body.schema_refused(e, "tools") from None
         return {"gbnf": c.gbnf, "trigger": c.trigger}
 
     def run(self, req: Request, tokens: list[int], gone: Callable[[], bool]) -> Iterator[str | Finished]:
@@ -261,18 +294,31 @@ class Service:
                         break
                     job.refuse(shutting_down())
 
-    def _keep_prompt(self) -> None:
-        """The last prompt's blocks to the prefix cache (serve/prefixes.py), on this thread: llama.cpp's."""
+    def _keep_prompt(self, deadline: float = float("inf")) -> None:
+        """The last prompt's blocks to the prefix cache (serve/prefixes.py), on this thread: llama.cpp's. A
+        signal that cuts it leaves the prompt pending, for `keep_before_stopping`."""
         s, store = self.session, self.session.prefixes
         if store is None or store.pending is None:
             return
-        tokens, store.pending = store.pending, None
-        seq = s.kept.held(s.target_ctx)  # what the target's cache holds of it (None: emptied since)
+        (tokens, salt), seq = store.pending, s.kept.held(s.target_ctx)  # (seq None: emptied since)
         try:
             if seq is not None:
-                store.save(seq, tokens)
+                store.save(seq, tokens, salt, deadline)
         except Exception as e:  # a bug in a cache must not take the server down: the next request runs
             ui.warning(f"could not keep the prompt in the prefix cache: {e!r}")
+        store.pending = None
+
+    def keep_before_stopping(self) -> None:
+        """A graceful stop: the last prompt's blocks not yet on disk are written (STOP_SECONDS at most, said in
+        one line), so that a script that asks and stops a server still gets the cache. A signal during it
+        (the caller lets a second one through) stops it at once; a block half-written is a temporary file."""
+        s, store = self.session, self.session.prefixes
+        seq = s.kept.held(s.target_ctx) if store is not None and store.pending is not None else None
+        n = store.unsaved(seq, *store.pending) if seq is not None else 0
+        if n:
+            ui.note(f"writing {n} block(s) of the last prompt to the prefix cache ({STOP_SECONDS:g} s at most; "
+                    "a second signal stops at once)")  # fmt: skip
+            self._keep_prompt(time.monotonic() + STOP_SECONDS)
 
     def _submit(self, job: Job) -> None:
         with self._submitting:
@@ -297,6 +343,7 @@ class Service:
             instruction=req.instruction,
             reuse=req.cache_prompt is not False,
             prediction=req.prediction,
+            salt=req.cache_salt,
             **changes,
         )
         fold, cut, indent, ledger = Fold(), StopText(req.stop), Indent(req.indent), Ledger()
