@@ -18,10 +18,7 @@ class ToolCall:
     def for_template(self) -> dict:
         """OpenAI's shape, with the arguments as an object where they are one: templates write them with
         `| tojson` (Qwen's, Llama's) and a string there would be written as a quoted string."""
-        try:
-            args: Any = json.loads(self.arguments)
-        except ValueError:
-            args = self.arguments
+        args = decoded(self.arguments)
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": args}}
 
 
@@ -80,7 +77,7 @@ def texts(messages: list[Message], tools: Tools | None = None) -> Iterator[str]:
         yield m.content
         yield from (x for x in (m.tool_call_id, m.name) if x)
         for c in m.tool_calls:
-            yield from (c.id, c.name, c.arguments)
+            yield from (c.id, c.name, _written(decoded(c.arguments)))
     for t in tools.shown if tools is not None else ():
         yield from (t.name, t.description, json.dumps(t.parameters, ensure_ascii=False))
 
@@ -93,7 +90,10 @@ def guarded(
         Message(
             m.role,
             m.content,
-            tuple(ToolCall(guard(c.id), guard(c.name), guard(c.arguments)) for c in m.tool_calls),
+            tuple(
+                ToolCall(guard(c.id), guard(c.name), _written(_json_guarded(decoded(c.arguments), guard)))
+                for c in m.tool_calls
+            ),
             guard(m.tool_call_id) if m.tool_call_id is not None else None,
             guard(m.name) if m.name is not None else None,
         )
@@ -103,6 +103,36 @@ def guarded(
         return out, None
     shown = tuple(Tool(guard(t.name), guard(t.description), _json_guarded(t.parameters, guard)) for t in tools.tools)
     return out, Tools(shown, tools.choice, tools.parallel)
+
+
+MAX_DEPTH = 200  # arrays and objects inside each other in a request's JSON (serve's bodies, a call's arguments): what
+# reads it later (json.dumps, a template's tojson, _json_guarded) recurses once a level; Python allows ~1,000
+
+
+def decoded(arguments: str) -> Any:
+    """A call's arguments as a template writes them: the JSON value they hold (its strings as the characters they
+    stand for: `"\\u003c/s>"` is `</s>`), or the string itself where they hold none, or nest past MAX_DEPTH."""
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+    return value if json_depth(value) <= MAX_DEPTH else arguments
+
+
+def _written(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def json_depth(value: Any) -> int:
+    """How deep arrays and objects nest in a JSON value (a scalar: 0); walked on a list, not by recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if items is not None:
+            deepest = max(deepest, d)
+            todo.extend((x, d + 1) for x in items if isinstance(x, (dict, list)))
+    return deepest
 
 
 def _json_guarded(value: Any, guard: Callable[[str], str]) -> Any:

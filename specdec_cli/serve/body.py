@@ -8,6 +8,7 @@ from typing import Any
 
 from ..backend import grammar
 from ..errors import UsageError
+from ..chat.messages import MAX_DEPTH, json_depth
 
 # A stream's items (service.Service.run) besides its pieces: its turn has come (the headers go, before a long
 # prompt's prefill), and nothing new for service.KEEP_ALIVE seconds. Each dialect answers WAITING its own way.
@@ -40,12 +41,21 @@ class ApiError(Exception):
 
 def decode(raw: bytes | str) -> Any:
     """A request's JSON: an HTTP body (serve), a line of a batch file (batch)."""
+    deep = ApiError(400, f"the body is nested too deeply (arrays and objects: {MAX_DEPTH} levels at most)")
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except ValueError as e:  # not JSON, not UTF-8/16/32, or a number past Python's 4,300-digit limit
         raise ApiError(400, f"the body is not valid JSON: {e}") from None
     except RecursionError:
-        raise ApiError(400, "the body is nested too deeply") from None
+        raise deep from None
+    if json_depth(value) > MAX_DEPTH:
+        raise deep
+    return value
+
+
+def quoted(text: str, limit: int = 120) -> str:
+    """What a client wrote, for the server's log: quoted (no raw control characters, no forged lines) and cut."""
+    return repr(text[:limit]) + (f" (+{len(text) - limit:,} characters)" if len(text) > limit else "")
 
 
 def typed(body: dict, name: str, kind: type, shown: str | None = None) -> Any:

@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .. import __version__, ui
 from . import api, guard, llama, messages, responses
+from .body import quoted
 from .service import Finished, Service, whole
 
 MAX_BODY = 8 * 2**20  # bytes; a prompt that fits any context we allow is far smaller
@@ -235,7 +236,7 @@ class Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError):  # the client went away or stalled
             self.close_connection = True
         except Exception as e:  # a bug: the client gets a 500 and the server keeps serving
-            ui.error(f"{method} {path}: unexpected {type(e).__name__}: {e}")
+            ui.error(f"{method} {quoted(path)}: unexpected {type(e).__name__}: {e}")
             self._fail(api.ApiError(500, f"internal error: {type(e).__name__}"))
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _dispatch
@@ -363,10 +364,10 @@ class Handler(BaseHTTPRequestHandler):
     def _event(self, name: str | None, data: dict | str) -> None:
         text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=JSON)
         if name == api.COMMENT:  # a line every SSE reader skips
-            self._chunk(b": " + text.encode() + b"\n\n")
+            self._chunk(b": " + utf8(text) + b"\n\n")
             return
         head = b"event: " + name.encode() + b"\n" if name else b""
-        self._chunk(head + b"data: " + text.encode() + b"\n\n")
+        self._chunk(head + b"data: " + utf8(text) + b"\n\n")
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -388,7 +389,7 @@ class Handler(BaseHTTPRequestHandler):
     def _send_json(self, status: int, obj: dict, headers: dict | None = None) -> None:
         if not getattr(self, "_body_read", True) and self._has_body():
             self.close_connection = True  # a body left unread (a GET's, a refused POST's) would be read as a request
-        data = json.dumps(obj, ensure_ascii=False, separators=JSON).encode()
+        data = utf8(json.dumps(obj, ensure_ascii=False, separators=JSON))
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -416,7 +417,9 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             self.close_connection = True
         if self.server.debug or e.status >= 500:
-            ui.note(f"{self.command} {self.path} {e.status} {HTTPStatus(e.status).phrase}: {e.message}")
+            ui.note(
+                f"{self.command} {quoted(self.path)} {e.status} {HTTPStatus(e.status).phrase}: {quoted(e.message, 300)}"
+            )
 
     def _log(self, req: api.Request, finished: Finished, seconds: float) -> None:
         s = finished.stats
@@ -424,3 +427,9 @@ class Handler(BaseHTTPRequestHandler):
             f"{req.kind}: {s.prompt_tokens} prompt tokens ({finished.cached} cached), {s.generated_tokens} tokens in "
             f"{seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, {s.mean_accepted:.2f} per verification, {finished.reason}"
         )
+
+
+def utf8(text: str) -> bytes:
+    """JSON text as UTF-8; a lone surrogate (from "\\udc80" in a request, echoed in an error) as JSON's escape
+    for it, which `.encode()` would refuse with an exception and the client would get no answer."""
+    return text.encode("utf-8", "backslashreplace")

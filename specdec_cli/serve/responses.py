@@ -17,7 +17,7 @@ from .. import options, ui
 from ..backend import grammar
 from ..chat import Message, ToolCall, Tools
 from . import api, body, chat
-from .body import STARTED, WAITING, ApiError, json_type, number, text, typed
+from .body import STARTED, WAITING, ApiError, json_type, number, quoted, text, typed
 
 # Request field -> run option. max_output_tokens, temperature and top_p are OpenAI's; the rest are the
 # sampling extras the chat endpoint also takes (llama-server's names).
@@ -211,7 +211,7 @@ def tools(value: Any, choice: Any, parallel: bool | None) -> Tools | None:
         if kind == "function":
             declared.append(chat.tool(t.get("name"), t.get("description"), t.get("parameters"), f"tools[{i}]"))
         elif kind in HOSTED:
-            left_out.append(f"{kind} {t['name']}" if isinstance(t.get("name"), str) else str(kind))
+            left_out.append(f"{kind} {quoted(t['name'], 60)}" if isinstance(t.get("name"), str) else str(kind))
         else:
             raise ApiError(400, f'tools[{i}] must be {{"type": "function", "name", "parameters"}}', param="tools")
     if left_out:
