@@ -54,7 +54,10 @@ def decode(raw: bytes | str) -> Any:
 
 
 def quoted(text: str, limit: int = 120) -> str:
-    """What a client wrote, for the server's log: quoted (no raw control characters, no forged lines) and cut."""
+    """What a client wrote, for the server's log: as it is where it is a short printable line, else quoted (no raw
+    control characters, no forged lines) and cut."""
+    if text.isprintable() and len(text) <= limit:
+        return text
     return repr(text[:limit]) + (f" (+{len(text) - limit:,} characters)" if len(text) > limit else "")
 
 
