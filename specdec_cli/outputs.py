@@ -5,6 +5,8 @@ Symlinks are written through: the file a link names is replaced and the link sta
 what a user who linked results.json into another folder expects. A dangling link is refused: the
 file it would create could be anywhere (a disk that is not mounted, another user's folder), and
 creating the target first is one `touch` away.
+
+The on-disk caches (answers, prompts' cells) are private: files 0600 in folders 0700 whatever the umask.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from .errors import SpecdecError, UsageError
 
@@ -136,3 +139,29 @@ def evict_oldest(paths: Iterable[Path], max_bytes: int) -> None:
             break
         remove_quietly(path)
         total -= size
+
+
+def private_folder(folder: Path) -> None:
+    """Make `folder` (and its parents) and leave it 0700 whatever the umask (a folder of ours made 0755 by an
+    older version included)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tighten(folder)
+
+
+def tighten(folder: Path) -> None:
+    """Make a folder of ours that others may enter 0700 (another user's is left as it is)."""
+    st = folder.stat()
+    if st.st_mode & 0o077 and (not hasattr(os, "getuid") or st.st_uid == os.getuid()):
+        os.chmod(folder, 0o700)
+
+
+def create_private(path: Path) -> BinaryIO:
+    """A new file at `path`, open for writing, 0600 whatever the umask. O_EXCL and O_NOFOLLOW: never a file (or a
+    link) that was there already."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # (os.open's mode is under the umask, which may take the owner's bits)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -32,6 +32,7 @@ class PromptTooLong(UsageError):
 
 
 CACHED = Corpus([])  # Session.generate's default corpus: the lookup cache (a marker, never searched)
+CORPORA = 8  # lookup cache namespaces kept loaded: a client inventing salts must not grow memory without bound
 
 
 def _seqs(model: Model, role: str) -> int:
@@ -69,7 +70,8 @@ class Session:
         self._heads_failed: SpecdecError | None = None
         self.drafter = self._speculation(cfg)  # the drafter, plain decoding where the target cannot roll back
         self.speculates = not drafting.kind(self.drafter).plain
-        self._corpus: Corpus | None = None
+        self._corpora: dict[str, Corpus] = {}  # lookup cache namespace -> its answers, least recently used first
+        self.lookup_key = b""  # a server's API key's hash (prefixes.key_hash): with a salt, whose answers a run sees
         self.draft: Model | None = None  # loaded, with its context, where it first drafts (`draft_context`)
         self.draft_ctx: Context | None = None
         self._draft_failed: SpecdecError | None = None
@@ -323,7 +325,7 @@ class Session:
         run = self.cfg.override(**changes)
         self.check_branches(run.branches)
         name = self.able(run.drafter) if "drafter" in changes else self.drafter
-        corpus = self.lookup_corpus() if corpus is CACHED else corpus
+        corpus = self.lookup_corpus(salt) if corpus is CACHED else corpus
         prediction = prediction if prediction is not None else run.prediction_text
         return self._run(name, run, tokens, instruction, corpus, reuse, trigger, prediction, salt)
 
@@ -397,28 +399,37 @@ class Session:
         self.kept.keep()  # (a run that fails leaves nothing to trust)
         self.curve.check_drift()
 
-    def lookup_corpus(self) -> Corpus | None:
-        """The lookup cache's answers for this target's vocabulary, loaded once per session (None: off)."""
+    def lookup_corpus(self, salt: str | None = None) -> Corpus | None:
+        """The lookup cache's answers for this target's vocabulary in the namespace of this server's key and `salt`,
+        loaded once per session and namespace (None: off); the CORPORA most recently used stay loaded."""
         if not self.cfg.lookup_cache or not drafting.kind(self.drafter).lookup:
             return None
-        if self._corpus is None:
-            self._corpus = Corpus(lookup_cache.load(self.vocab_key, self.warnings.append))
-        return self._corpus
+        space = lookup_cache.space(self.lookup_key, salt)
+        corpus = self._corpora.pop(space, None)
+        if corpus is None:
+            corpus = Corpus(lookup_cache.load(self.vocab_key, self.warnings.append, space))
+        self._corpora[space] = corpus  # (the most recently used last)
+        if len(self._corpora) > CORPORA:
+            del self._corpora[next(iter(self._corpora))]
+        return corpus
 
     @functools.cached_property
     def vocab_key(self) -> str:
         return vocab.fingerprint(self.target)
 
-    def remember(self, answer: list[int]) -> None:
-        """Keep an answer in the lookup cache for later runs (with the cache on, and lookup in use)."""
+    def remember(self, answer: list[int], salt: str | None = None) -> None:
+        """Keep an answer in the lookup cache for later runs of its namespace (this server's key and a request's
+        `salt`), with the cache on and lookup in use."""
         if self.cfg.lookup_cache and drafting.kind(self.drafter).lookup:
-            kept = lookup_cache.save(self.vocab_key, answer)
+            space = lookup_cache.space(self.lookup_key, salt)
+            kept = lookup_cache.save(self.vocab_key, answer, space=space)
+            corpus = self._corpora.get(space)
             # A later run of this session (a server's or a batch's next request) drafts from it too: added to
             # the loaded index, or (past the cache's bound, where the disk evicts old answers) read again.
-            if self._corpus is not None and kept is not None and len(self._corpus) < lookup_cache.MAX_BYTES // 4:
-                self._corpus.add(answer)
+            if corpus is not None and kept is not None and len(corpus) < lookup_cache.MAX_BYTES // 4:
+                corpus.add(answer)
             elif kept is not None:
-                self._corpus = None
+                self._corpora.pop(space, None)
 
     def costs(self, tokens: list[int], measured: cost.Costs | None = None) -> cost.Costs:
         """This machine's costs, measured on first use (about a second; it empties both caches) unless a

@@ -375,3 +375,95 @@ def test_a_public_host_without_a_key_refuses_to_start(models):
     s = Served("--target", models["chat"], "--drafter", "none", "--host", "0.0.0.0", "--insecure-no-key")
     assert s.stop() == 0
     assert "no authentication" in s.stderr
+
+
+# --- the second hostile pass: clients that send requests and read none of the answers ---------------------------
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def stuffed(port: int, request: bytes = HEALTH) -> socket.socket:
+    """A connection that pipelines `request` until the server stops reading (its answers fill the buffers both
+    ways: this client reads none), left open."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: a small window)
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    burst, quiet = request * 512, 0
+    while quiet < 5:  # five rounds of 0.1 s in which nothing more went: the server reads no more
+        try:
+            sock.send(burst)
+            quiet = 0
+        except BlockingIOError:
+            quiet += 1
+            time.sleep(0.1)
+    return sock
+
+
+def test_a_write_to_a_client_that_does_not_read_ends_within_the_connections_allowance():
+    conns = guard.Connections(guard.Limits(write_seconds=1.0))
+    ours, theirs = socket.socketpair()
+    try:
+        ours.settimeout(30)
+        conns.admit(ours)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            conns.send(ours, b"x" * 2**24)  # far past both buffers
+        first = time.monotonic() - t0
+        with pytest.raises(TimeoutError):
+            conns.send(ours, b"y" * 2**16)  # the allowance is the connection's, not each write's: it is spent
+        second = time.monotonic() - t0 - first
+        assert ours.gettimeout() == 30  # reads keep their own timeout
+    finally:
+        ours.close()
+        theirs.close()
+    assert 0.9 < first < 2.0 and second < 0.2, (first, second)
+
+
+def test_pipelining_clients_that_read_nothing_neither_hold_the_cap_nor_health():
+    cap = 4
+    server = Server(("127.0.0.1", 0), None, None, False, guard.Limits(max_connections=cap, write_seconds=3.0))
+    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    serving.start()
+    port = server.server_address[1]
+    stuck = []
+    try:
+        stuck = [stuffed(port) for _ in range(cap)]
+        time.sleep(guard.WRITE_GRACE + 0.2)  # every one blocked writing past the grace: evictable
+        t0 = time.monotonic()
+        health = socket.create_connection(("127.0.0.1", port), timeout=5)
+        health.sendall(HEALTH.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+        answer, waited = answer_of(health, 5), time.monotonic() - t0
+        time.sleep(3.0 + 0.5)  # past every connection's allowance: each closed
+        open_after = len(server.conns)
+    finally:
+        for sock in stuck:
+            sock.close()
+        server.shutdown()
+        server.close()
+    assert answer.startswith(b"HTTP/1.1 200 ") and waited < 2, (answer[:100], waited)
+    assert open_after == 0
+
+
+def test_a_refused_key_ends_the_connection_so_pipelined_requests_get_one_answer(guarded):
+    sock = connect(guarded)
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 3)
+    got = answer_of(sock, 5)
+    assert got.count(b"HTTP/1.1 401 ") == 1 and b"\r\nConnection: close\r\n" in got, got
+
+
+def test_sigterm_ends_the_server_promptly_while_a_client_reads_none_of_its_answers(models):
+    s = pair(models)
+    stuck = None
+    try:
+        stuck = stuffed(int(s.port))
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        code = s.stop()
+        seconds = time.monotonic() - t0
+    finally:
+        if stuck is not None:
+            stuck.close()
+        if s.proc.poll() is None:
+            s.stop()
+    assert code == 0 and seconds < 3, (code, seconds, s.stderr)

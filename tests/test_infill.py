@@ -201,3 +201,17 @@ def test_a_huge_prefix_suffix_or_file_is_tokenized_only_as_far_as_the_budgets_re
     seen.clear()
     big = fim.layout(m, "x = 1\n" * 200_000, "y = 2\n" * 200_000, [fim.Extra("a.py", "z\n" * 500_000)] * 50, n_ctx=4096)
     assert len(big) < 4096 and sum(seen) < 200_000
+
+
+def test_a_line_break_at_the_edge_of_a_huge_one_line_text_does_not_make_it_tokenized_whole(vocab, monkeypatch):
+    """The cut looks for a line's start near the window's edge: one lone line break at the prefix's end (or the
+    suffix's start) must not leave an empty window that doubles until the whole text is tokenized."""
+    m = vocab["fim"]
+    seen = []
+    real = m.tokenize_text
+    monkeypatch.setattr(m, "tokenize_text", lambda text, **kw: seen.append(len(text)) or real(text, **kw))
+    line = "x = [" + "1, " * 1_000_000 + "]"  # 3 MB on one line
+    tokens = fim.layout(m, line + "\n", "\n" + line, n_ctx=4096)
+    assert len(tokens) < 4096 and sum(seen) < 200_000, sum(seen)
+    i = tokens.index(m.fim_tokens()["suf"])
+    assert tokens[i - 2 : i] == raw("]\n") and tokens[i + 1 : i + 1 + len(raw("\nx = [1,"))] == raw("\nx = [1,")

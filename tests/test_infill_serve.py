@@ -87,14 +87,14 @@ def sse(data: bytes) -> list:
     return out
 
 
-def streaming(server, path: str, body: dict) -> tuple[threading.Thread, dict]:
+def streaming(server, path: str, body: dict, headers: dict | None = None) -> tuple[threading.Thread, dict]:
     """A stream read on a thread of its own, returned once its first piece has come; `got` gets its status and
     its events when it ends."""
     started, got = threading.Event(), {}
 
     def read():
         conn = http.client.HTTPConnection(server.host, int(server.port), timeout=60)
-        conn.request("POST", path, json.dumps(body).encode())
+        conn.request("POST", path, json.dumps(body).encode(), headers or {})
         r, lines = conn.getresponse(), []
         got["status"] = r.status
         while line := r.readline():
@@ -185,6 +185,18 @@ def test_a_newer_request_from_the_same_client_supersedes_the_one_in_progress(ser
     assert last["tokens_predicted"] < CTX - last["tokens_evaluated"] - 1  # it did not run to the context's end
     status, _, again = server.post("/infill", vim_body(response_fields=None, n_predict=4, id_slot=1))
     assert status == 200 and again["stop_type"] in ("eos", "limit")  # the server goes on (--debug checked the KV)
+
+
+def test_another_program_on_the_same_address_and_slot_supersedes_nothing(server):
+    """Two editors (or an editor and any local program) share 127.0.0.1 and the default slot: a client is also its
+    User-Agent, so one cannot cut the other's completions short."""
+    endless = "root ::= [a-z] root"
+    first = vim_body(response_fields=None, n_predict=200, t_max_predict_ms=None, stream=True, grammar=endless)
+    t, got = streaming(server, "/infill", first, {"User-Agent": "editor-a"})
+    status, _, _ = server.post("/infill", vim_body(response_fields=None, n_predict=2), {"User-Agent": "editor-b"})
+    t.join(60)
+    last = got["events"][-1]
+    assert status == 200 and last["stop_type"] == "limit" and last["tokens_predicted"] == 200
 
 
 def test_the_time_limit_ends_the_text_at_a_line_end_and_n_indent_where_a_line_leaves_the_block(server):

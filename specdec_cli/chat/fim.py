@@ -115,7 +115,8 @@ def last_tokens(tok, text: str, n: int) -> list[int]:
         return []
     size = n * BYTES_PER_TOKEN
     while len(text) > size:
-        start = text.find("\n", len(text) - size) + 1 or len(text) - size  # (no line break: anywhere, bounded)
+        cut = len(text) - size  # a line's start in the window's first half, else anywhere (the margin covers it):
+        start = text.find("\n", cut, cut + size // 2) + 1 or cut  # (a lone line break at the end: not an empty window)
         tokens = tok(text[start:])
         if len(tokens) >= n + MARGIN:
             return tokens[len(tokens) - n :]
@@ -130,7 +131,7 @@ def first_tokens(tok, text: str, n: int) -> list[int]:
         return []
     size = n * BYTES_PER_TOKEN
     while len(text) > size:
-        end = text.rfind("\n", 0, size)
+        end = text.rfind("\n", size // 2, size)  # a line's end in the window's second half, else anywhere
         tokens = tok(text[: end if end > 0 else size])
         if len(tokens) >= n + MARGIN:
             return tokens[:n]

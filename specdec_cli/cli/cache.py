@@ -12,7 +12,7 @@ app = typer.Typer(help="The lookup cache: earlier answers that lookup drafts fro
 
 @app.command("info")
 def info(json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout.")) -> None:
-    """Where the lookup cache is, how many answers it keeps and its size (and its bound)."""
+    """Where the lookup cache is, how many answers it keeps (every namespace's) and its size (and its bound)."""
     answers, size = lookup_cache.usage()
     where = lookup_cache.root()
     if json_out:
@@ -23,6 +23,6 @@ def info(json_out: bool = typer.Option(False, "--json", help="One JSON object on
 
 @app.command("clear")
 def clear() -> None:
-    """Remove every answer the lookup cache keeps (models are not touched)."""
+    """Remove every answer the lookup cache keeps, a server's clients' too (models are not touched)."""
     answers, size = lookup_cache.clear()
     print(f"removed {answers} answers ({size / 1024:.1f} KiB) from {lookup_cache.root()}")

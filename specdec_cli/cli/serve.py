@@ -14,6 +14,7 @@ import typer
 from .. import options, signals, ui
 from .common import CONFIG, PAIR, model_names, opened, resolve
 from ..errors import SpecdecError, UsageError
+from ..chat import isolation
 from ..serve import guard, prefixes
 from ..serve.http import Server
 from ..serve.service import Service
@@ -114,10 +115,12 @@ def serve(
     try:
         with opened(cfg, costs=True) as session:
             size, lifetime = int(prefix_cache_size * GIB), prefix_cache_hours * 3600
+            session.lookup_key = prefixes.key_hash(api_key)  # the lookup cache's namespaces, as the prefix cache's
             why = prefixes.attach(session, size, ui.warning, api_key, lifetime) if prefix_cache else None
             if why:
                 ui.note(f"prefix cache off: {why}")
             server.service = Service(session, *model_names(cfg), queue)
+            isolation.prestart()  # the chat template's renderer: its child's 50 ms not in the first request's
             _serve(server, host, api_key is not None, cfg)
     finally:
         server.close()

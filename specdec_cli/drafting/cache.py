@@ -1,12 +1,18 @@
 """The lookup cache on disk: earlier answers of a target model, kept as draft sources for later runs.
 
 Scripts send similar requests again and again ("apply this change to each file"); what the target wrote
-last time is often what it writes next. Each answer is one file, `<content hash>.tok`, in a folder per
-vocabulary (token ids mean nothing under another tokenizer): written to a temporary name and renamed, so
-a reader never sees half a file, and several specdec processes can write at once without a lock (two
-writers of the same answer write the same bytes). The oldest answers go once the whole cache is over
-MAX_BYTES. A file that does not check out (a crash mid-write on a disk without atomic rename, bit rot,
-a stray file) is removed with a warning; the cache goes on without it.
+last time is often what it writes next. Each answer is one file in a folder per vocabulary (token ids mean
+nothing under another tokenizer): written to a temporary name and renamed, so a reader never sees half a
+file, and several specdec processes can write at once without a lock (two writers of the same answer write
+the same bytes). The oldest answers go once the whole cache is over MAX_BYTES. A file that does not check
+out (a crash mid-write on a disk without atomic rename, bit rot, a stray file) is removed with a warning;
+the cache goes on without it.
+
+Privacy, as the prefix cache's (serve/prefixes.py): an answer is what a client was told, so files are 0600 in
+folders 0700 whatever the umask, and each answer is kept in a namespace that only its own drafts from: "" (the
+plain one: `generate`, `batch`, a server without API key or cache_salt; file `<content hash>.tok`), else a hash
+of the server's API key's hash and the request's cache_salt (`space`; file `<space>.<content hash>.tok`). So a
+client cannot draft from another's answers, nor tell from its speed that a guessed text was one of them.
 
 File: MAGIC, uint32 token count, uint32 CRC-32 of the payload, then the tokens as little-endian int32.
 """
@@ -22,13 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from ..models.store import home
-from ..outputs import evict_oldest, remove_quietly
+from ..outputs import create_private, evict_oldest, private_folder, remove_quietly, tighten
 
 MAGIC = b"SPDLK1\0\0"
 HEADER = struct.Struct("<8sII")
 MAX_BYTES = 8 << 20  # ~2M tokens over all models: a few thousand answers, loaded and indexed in ~0.1 s
 MIN_TOKENS = 16  # shorter answers ("Yes.") predict nothing worth a file
 SUFFIX = ".tok"
+SPACE_CHARS = 24  # hex characters of a namespace: 96 bits, no two clients' alike by chance
 
 
 def root() -> Path:
@@ -40,6 +47,27 @@ def root() -> Path:
 
 def folder(vocab_key: str) -> Path:
     return root() / vocab_key
+
+
+def space(key_hash: bytes, salt: str | None) -> str:
+    """Whose answers: "" without an API key (`key_hash` empty or zeros, as prefixes.key_hash(None)) and cache_salt,
+    else a hash of both (neither is written anywhere)."""
+    keyed = key_hash if any(key_hash) else b""
+    if not keyed and not salt:
+        return ""
+    seed = b"specdec lookup space\0" + keyed.hex().encode() + b"\0" + (salt or "").encode()
+    return hashlib.sha256(seed).hexdigest()[:SPACE_CHARS]
+
+
+def file_name(space: str, data: bytes) -> str:
+    """An answer's file: its content hash, after its namespace where it has one."""
+    digest = hashlib.sha1(data).hexdigest()[:20]
+    return f"{space}.{digest}{SUFFIX}" if space else digest + SUFFIX
+
+
+def space_of(name: str) -> str:
+    """The namespace of an answer file's name: "" for `<hash>.tok` (every answer before namespaces)."""
+    return name[: -len(SUFFIX)].rpartition(".")[0]
 
 
 def encode(tokens: list[int]) -> bytes:
@@ -58,15 +86,17 @@ def decode(data: bytes) -> np.ndarray | None:
     return np.frombuffer(payload, dtype="<i4").astype(np.int64)
 
 
-def load(vocab_key: str, warn=lambda message: None) -> list[np.ndarray]:
-    """Every intact answer for this vocabulary, oldest first; damaged files are removed (with `warn`)."""
+def load(vocab_key: str, warn=lambda message: None, space: str = "") -> list[np.ndarray]:
+    """Every intact answer of namespace `space` for this vocabulary, oldest first; damaged files are removed
+    (with `warn`)."""
     answers: list[tuple[float, np.ndarray]] = []
+    _tighten_old(vocab_key)
     try:
         entries = list(os.scandir(folder(vocab_key)))
     except OSError:  # no cache yet, or not a folder we can read: run without one
         return []
     for entry in entries:
-        if not entry.name.endswith(SUFFIX):
+        if not entry.name.endswith(SUFFIX) or space_of(entry.name) != space:
             continue
         try:
             with open(entry.path, "rb") as f:
@@ -84,20 +114,30 @@ def load(vocab_key: str, warn=lambda message: None) -> list[np.ndarray]:
     return [tokens for _, tokens in answers]
 
 
-def save(vocab_key: str, tokens: list[int], max_bytes: int = MAX_BYTES) -> Path | None:
-    """Store one answer (atomically), then evict the oldest answers past `max_bytes`. None when the answer
-    is too short to keep or the cache cannot be written (a read-only home: the run is unaffected)."""
+def _tighten_old(vocab_key: str) -> None:
+    """Make the folders a version before privacy left 0755 (its files 0644 in them) 0700, before any run reads."""
+    for where in (root(), folder(vocab_key)):
+        try:
+            tighten(where)
+        except OSError:  # no cache yet, or a read-only disk: nothing to do, or nothing we can do
+            pass
+
+
+def save(vocab_key: str, tokens: list[int], max_bytes: int = MAX_BYTES, space: str = "") -> Path | None:
+    """Store one answer in namespace `space` (atomically), then evict the oldest answers past `max_bytes`. None
+    when the answer is too short to keep or the cache cannot be written (a read-only home: the run is unaffected)."""
     if len(tokens) < MIN_TOKENS:
         return None
     data = encode(tokens)
     if len(data) > max_bytes:
         return None
     where = folder(vocab_key)
-    path = where / (hashlib.sha1(data).hexdigest()[:20] + SUFFIX)
+    path = where / file_name(space, data)
     tmp = where / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        private_folder(root())  # (mkdir's parents would be made under the umask)
+        private_folder(where)
+        with create_private(tmp) as f:
             f.write(data)
         os.replace(tmp, path)  # the same answer again: same name, same bytes, and its age starts over
     except OSError:
@@ -113,7 +153,7 @@ def evict(max_bytes: int = MAX_BYTES) -> None:
 
 
 def usage() -> tuple[int, int]:
-    """(answers, bytes) in the whole cache."""
+    """(answers, bytes) in the whole cache: every vocabulary and namespace."""
     sizes = []
     for path in root().glob(f"*/*{SUFFIX}"):
         try:
@@ -124,9 +164,9 @@ def usage() -> tuple[int, int]:
 
 
 def clear() -> tuple[int, int]:
-    """Remove every answer file (and a crashed writer's temporary file) and the folders left empty; (answers,
-    bytes) removed. Only what the cache writes is touched: $SPECDEC_LOOKUP_CACHE pointed at a folder of
-    other files leaves those files (and the folder) in place."""
+    """Remove every answer file of every namespace (and a crashed writer's temporary file) and the folders left
+    empty; (answers, bytes) removed. Only what the cache writes is touched: $SPECDEC_LOOKUP_CACHE pointed at a
+    folder of other files leaves those files (and the folder) in place."""
     answers, size = usage()
     for pattern in (f"*/*{SUFFIX}", "*/.*.tmp"):
         for path in root().glob(pattern):

@@ -3,14 +3,19 @@ which Host, Origin and Content-Type headers it answers (a browser's requests). h
 
 A connection is in one phase at a time, each with its own deadline counted from the phase's start (not per read,
 so a client trickling a byte a second is cut all the same): waiting for a request (`head`: its line and headers;
-`idle`: a kept-alive connection before the next request's first byte), reading its `body`, or `busy` being
-answered (no deadline: a generation takes what it takes). The accept loop sweeps the deadlines; at the cap a new
-connection evicts the one that has waited longest for its request, so /health answers however many slow clients
-hold connections, and only when every connection is being answered is the newcomer refused with 503.
+`idle`: a kept-alive connection before the next request's first byte), reading its `body`, `busy` being answered
+(no deadline: a generation takes what it takes), or `write`: blocked sending an answer to a client that does not
+read it. A connection may spend WRITE_SECONDS in all blocked in writes (over its whole life, so a client that
+pipelines requests and reads none of the answers gets no fresh allowance per request), then it is cut; a stream
+to a client that stopped reading stops its generation. The accept loop sweeps the deadlines; at the cap a new
+connection evicts the one that has waited longest for its request (or been blocked writing past WRITE_GRACE), so
+/health answers however many slow clients hold connections, and only when every connection is being answered is
+the newcomer refused with 503.
 """
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import re
 import resource
@@ -25,12 +30,15 @@ from .body import ApiError
 MAX_CONNECTIONS = 64  # a queue of 16 and the one generating, with room for /health, token counts and idle keep-alives
 HEAD_SECONDS = 10.0  # a request's line and headers (a few hundred bytes: a client takes milliseconds)
 BODY_SECONDS = 60.0  # its body, after the headers: the 8 MiB limit at 140 KB/s
-IDLE_SECONDS = 30.0  # a kept-alive connection waiting for its next request; also each read's and write's timeout
+IDLE_SECONDS = 30.0  # a kept-alive connection waiting for its next request; also each read's timeout
+WRITE_SECONDS = 30.0  # a connection's time blocked in writes, all told (a client reading its answers blocks none)
+WRITE_GRACE = 1.0  # seconds a write may block before an eviction may pick its connection (a busy network's stall)
+STOP_WRITE_SECONDS = 1.0  # what a write may still block once the server stops (SIGTERM exits within 2 s)
 RETRY_AFTER = 1  # seconds a newcomer refused at the cap is told to wait
 BACKOFF = (0.05, 1.0)  # seconds the accept loop pauses when out of file descriptors, doubling up to the second
 DRAIN_READS = 4  # reads of what a newcomer refused at the cap sent, before its answer (the accept loop's time)
 FILE_LIMIT = 65536  # the soft RLIMIT_NOFILE raised toward the hard limit, at most this (where the hard one is none)
-WAITING = ("idle", "head", "body")  # the phases a deadline and an eviction may cut
+WAITING = ("idle", "head", "body")  # the phases a deadline and an eviction may cut (and `write`, blocked past grace)
 LOOPBACK_NAMES = {"localhost"}  # and every loopback address, written as an IP (127.0.0.1, [::1])
 CORS_METHODS = "GET, HEAD, POST, OPTIONS"
 CORS_MAX_AGE = 600  # seconds a browser may keep a preflight's answer
@@ -46,6 +54,7 @@ class Limits:
     head_seconds: float = HEAD_SECONDS
     body_seconds: float = BODY_SECONDS
     idle_seconds: float = IDLE_SECONDS
+    write_seconds: float = WRITE_SECONDS
 
     def deadline(self, phase: str) -> float | None:
         return {"idle": self.idle_seconds, "head": self.head_seconds, "body": self.body_seconds}.get(phase)
@@ -53,9 +62,10 @@ class Limits:
 
 @dataclass
 class Conn:
-    phase: str  # "idle" | "head" | "body" | "busy"
+    phase: str  # "idle" | "head" | "body" | "busy" | "write"
     since: float  # time.monotonic() when the phase began
     cut: tuple[int, str] | None = None  # why it was cut: the status its handler answers (0: none, just close)
+    stalled: float = 0.0  # seconds spent blocked in writes, all told
 
 
 class Connections:
@@ -65,6 +75,7 @@ class Connections:
         self.limits = limits
         self._open: dict[socket.socket, Conn] = {}
         self._lock = threading.Lock()
+        self.stopping = False
 
     def __len__(self) -> int:
         return len(self._open)
@@ -85,12 +96,18 @@ class Connections:
             return self._evict()
 
     def _evict(self) -> bool:
-        waiting = [(c.phase == "body", c.since, s) for s, c in self._open.items() if c.phase in WAITING and not c.cut]
+        stuck = time.monotonic() - WRITE_GRACE
+        waiting = [
+            (c.phase == "body", c.since, s)
+            for s, c in self._open.items()
+            if not c.cut and (c.phase in WAITING or (c.phase == "write" and c.since < stuck))
+        ]
         if not waiting:
             return False
-        sock = min(waiting, key=lambda w: w[:2])[2]  # a request's head or an idle wait before a body's
+        sock = min(waiting, key=lambda w: w[:2])[2]  # a request's head, an idle wait, a stalled write before a body's
         why = "too many connections: this one waited longest for its request"
-        self._cut(sock, (0, "") if self._open[sock].phase == "idle" else (503, why))
+        phase = self._open[sock].phase
+        self._cut(sock, (503, why) if phase in ("head", "body") else (0, ""), both=phase == "write")
         return True
 
     def enter(self, sock: socket.socket, phase: str) -> Conn | None:
@@ -120,24 +137,62 @@ class Connections:
                         sock, (408, f"the request took longer than {limit:g} s to send {what}") if what else (0, "")
                     )
 
-    def wake_all(self) -> None:
-        """The server stops: every thread waiting for a request reads the end (writes still go)."""
+    def stop_all(self) -> None:
+        """The server stops: a connection being answered reads the end (its answer still goes, each write
+        STOP_WRITE_SECONDS at most); every other one is closed both ways, a blocked write included."""
         with self._lock:
-            socks = list(self._open)
-        for sock in socks:
-            _shut_reads(sock)
+            self.stopping = True
+            conns = list(self._open.items())
+        for sock, conn in conns:
+            _shut(sock, both=conn.phase != "busy")
 
-    def _cut(self, sock: socket.socket, why: tuple[int, str]) -> None:
-        # The handler's thread, blocked reading, reads the end and answers `why` itself: one writer per socket.
+    def send(self, sock: socket.socket, data) -> None:
+        """Write all of `data`, in the `write` phase while it blocks, within what is left of the connection's
+        WRITE_SECONDS (TimeoutError past it; an OSError once cut both ways)."""
+        conn, t0 = self.enter(sock, "write"), time.monotonic()
+        if conn is None:  # (not a connection the accept loop admitted: a test's own socket)
+            sock.sendall(data)
+            return
+        left = self.limits.write_seconds - conn.stalled
+        if self.stopping:
+            left = min(left, STOP_WRITE_SECONDS)
+        before = sock.gettimeout()
+        if before is None or left < before:  # (sendall's timeout bounds the whole call, not each send)
+            sock.settimeout(max(left, 0.001))
+        try:
+            sock.sendall(data)
+        finally:
+            conn.stalled += time.monotonic() - t0
+            if sock.gettimeout() != before:
+                sock.settimeout(before)
+            self.enter(sock, "busy")
+
+    def _cut(self, sock: socket.socket, why: tuple[int, str], both: bool = False) -> None:
+        # The handler's thread, blocked reading, reads the end and answers `why` itself: one writer per socket;
+        # one blocked writing (`both`) gets an error, and nothing more is sent.
         self._open[sock].cut = why
-        _shut_reads(sock)
+        _shut(sock, both)
 
 
-def _shut_reads(sock: socket.socket) -> None:
+def _shut(sock: socket.socket, both: bool = False) -> None:
     try:
-        sock.shutdown(socket.SHUT_RD)
+        sock.shutdown(socket.SHUT_RDWR if both else socket.SHUT_RD)
     except OSError:
         pass
+
+
+class Writer(io.BufferedIOBase):
+    """A handler's wfile: every write through Connections.send (its phase, its allowance)."""
+
+    def __init__(self, conns: Connections, sock: socket.socket):
+        self._conns, self._sock = conns, sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._conns.send(self._sock, data)
+        return len(data)
 
 
 def refuse_at_cap(sock: socket.socket, status_line: bytes, body: bytes) -> None:

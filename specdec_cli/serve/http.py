@@ -125,11 +125,12 @@ class Server(ThreadingHTTPServer):
         super().shutdown_request(request)
 
     def close(self) -> None:
-        """Stop: no new generations (the running one stops after its current round), idle connections are woken
-        from their wait for a next request, and every connection's thread is waited for."""
+        """Stop: no new generations (the running one stops after its current round), no next request on any
+        connection; every connection not being answered is closed, a write blocked on a client that does not
+        read included, and every connection's thread is waited for (each write STOP_WRITE_SECONDS at most)."""
         if self.service is not None:
             self.service.gate.close()
-        self.conns.wake_all()
+        self.conns.stop_all()
         self.server_close()
 
 
@@ -137,17 +138,21 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: an editor sends its requests over one connection
     default_request_version = "HTTP/1.0"  # an unreadable request line still gets a status line (not HTTP/0.9's none)
     server_version = f"specdec/{__version__}"
-    timeout = guard.IDLE_SECONDS  # each read's and write's (the deadlines are the accept loop's: guard.py)
+    timeout = guard.IDLE_SECONDS  # each read's (the deadlines are the accept loop's, the writes' allowance: guard.py)
     server: Server
 
     def setup(self) -> None:
         super().setup()
+        self.wfile = guard.Writer(self.server.conns, self.connection)
         self._served, self._cut_answered, self._cors = False, False, None
 
     def handle_one_request(self) -> None:
         """One request; on a kept-alive connection, after waiting (idle) for its first byte, from which its
         head's deadline runs (a new connection's runs from its accept)."""
         if self._served:
+            if self.server.conns.stopping:  # (a pipelined request already read is not served either)
+                self.close_connection = True
+                return
             self.server.conns.enter(self.connection, "idle")
             try:
                 first = self.rfile.peek(1)
@@ -289,7 +294,8 @@ class Handler(BaseHTTPRequestHandler):
         service, dialect = self.server.service, DIALECTS[kind]
         req = dialect.parse(kind, body)  # any `model` is answered by the loaded pair (as llama-server does)
         if kind == "infill":  # an editor plugin's: its newer request supersedes this one (llama.vim, llama.vscode)
-            req.client = f"{self.client_address[0]} {req.slot}"
+            # (a client: its address, slot and program: two editors on one machine share the first two)
+            req.client = f"{self.client_address[0]} {req.slot} {self.headers.get('User-Agent', '')}"
         tokens = service.tokens(req)
         req.prompt_tokens = len(tokens)
         if kind == "count_tokens":
@@ -412,6 +418,8 @@ class Handler(BaseHTTPRequestHandler):
         headers = {"Retry-After": str(e.retry_after)} if e.retry_after else {}
         if e.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
+        if e.status in (401, 403):  # refused before its key or page was accepted: no next request on it
+            self.close_connection = True
         try:
             self._send_json(e.status, self._dialect.error(e), headers)
         except OSError:

@@ -53,7 +53,7 @@ from ..backend import cpu
 from ..drafting import curves
 from ..engine import kv
 from ..models.store import home
-from ..outputs import evict_oldest, remove_quietly
+from ..outputs import create_private, evict_oldest, private_folder, remove_quietly, tighten
 
 BLOCK = 512  # backend/context.py's n_ubatch: a cold prefill's ubatches start at its multiples
 MIN_PROMPT = 1024  # shorter prompts are not saved: each block is a file (about 14 MiB for the 1.5B target)
@@ -134,19 +134,6 @@ def attach(session, max_bytes: int, warn: Warn, api_key: str | None = None, life
     return None
 
 
-def private_folder(folder: Path) -> None:
-    """Make `folder` (and its parents) and leave it 0700 whatever the umask (a folder of ours made 0755 by an
-    older version included)."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _tighten(folder)
-
-
-def _tighten(folder: Path) -> None:
-    st = folder.stat()
-    if st.st_mode & 0o077 and (not hasattr(os, "getuid") or st.st_uid == os.getuid()):
-        os.chmod(folder, 0o700)
-
-
 def secret(folder: Path) -> bytes:
     """The install's HMAC key: folder/SECRET, 32 random bytes in a 0600 file, made on first use (two servers
     starting at once: the first link wins, both read it). Damaged where it is not a private file of ours."""
@@ -154,10 +141,9 @@ def secret(folder: Path) -> bytes:
     path = folder / SECRET
     if not os.path.lexists(path):
         tmp = folder / f".{SECRET}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        f = create_private(tmp)
         try:
-            with os.fdopen(fd, "wb") as f:
-                os.chmod(tmp, 0o600)
+            with f:
                 f.write(os.urandom(32))
             os.link(tmp, path)
         except FileExistsError:
@@ -329,9 +315,7 @@ class Store:
         tmp = self.folder / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         try:
             private_folder(self.folder)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            with os.fdopen(fd, "wb") as f:
-                os.chmod(tmp, 0o600)  # (os.open's mode is under the umask, which may take the owner's bits)
+            with create_private(tmp) as f:
                 for part in parts:
                     f.write(part)
             os.replace(tmp, path)  # readers see the old file or the new one, whole
@@ -380,7 +364,7 @@ def own_files(folder: Path, secret: bytes) -> list[tuple[Path, int, float]]:
         if not (FOLDER.fullmatch(sub.name) and sub.is_dir(follow_symlinks=False)):
             continue
         try:  # (a model's folder made 0755 by version 1)
-            _tighten(Path(sub.path))
+            tighten(Path(sub.path))
         except OSError:
             pass
         for entry in _entries(Path(sub.path)):

@@ -397,7 +397,7 @@ class Service:
         finally:
             events.close()  # the engine's rollback, when it stopped early
         if fold.stats.stop_reason in ("eos", "max_tokens") and not (cut.hit or indent.hit or late or superseded):
-            self.session.remember(fold.tokens)
+            self.session.remember(fold.tokens, req.cache_salt)  # (its namespace's: no other client drafts from it)
         made: list[chat.ToolCall] = []
         if reader is not None:
             last, _, made = reader.end()
