@@ -29,6 +29,7 @@ from .errors import UsageError
 
 # --- defaults and limits, one per line (a drafter's own, DRAFT_TOKENS and DRAFT_WINDOW, are drafting's) --------
 MAX_TOKENS = 256  # long enough for a code answer, short enough to come back quickly
+MAX_SEED = 2**64 - 1  # a seed is 64 bits (numpy's generators take more, but a request's larger one is absurd)
 MAX_TOKENS_LIMIT = 2**31 - 1  # llama.cpp counts them in an int32 (n_predict); beyond, a request's value is absurd
 CTX_SIZE = 4096  # unless -c says or the target was trained for less: a page of prompt plus the answer, a small KV cache
 MAX_DRAFT_TOKENS = 63  # a verify batch has k+1 logits rows; contexts reserve output room for 64
@@ -187,7 +188,7 @@ class RunConfig:
         default=0,
         help="Keep the k most likely tokens; 0 is off [0].",
         config=(int,),
-        checks=((lambda v: v >= 0, "must be >= 0 (got {v}); 0 turns it off"),),
+        checks=((lambda v: v >= 0, "must be >= 0 (got {v}); 0 turns it off"), at_most(MAX_TOKENS_LIMIT)),
     )
     top_p: float = option(
         "--top-p",
@@ -210,7 +211,7 @@ class RunConfig:
         type=int,
         help="Random seed: the same seed gives the same text.",
         config=(int,),
-        checks=((lambda v: v >= 0, "must be >= 0 (got {v})"),),
+        checks=((lambda v: v >= 0, "must be >= 0 (got {v})"), at_most(MAX_SEED)),
     )
     logprobs: int | None = option(
         "--logprobs",

@@ -240,7 +240,12 @@ class Session:
         the template; `chat`: with or without the template whatever the configuration says (a server's
         two endpoints); `tools`: what the template shows the model (chat/template.py)."""
         # Every text the template may write (tools, calls, results too) counts before any is rendered or tokenized
-        self._check_bytes(chat_.limits.text_bytes([prompt] if messages is None else chat_.texts(messages, tools)))
+        size = chat_.limits.text_bytes([prompt] if messages is None else chat_.texts(messages, tools))
+        if (
+            messages is not None
+        ):  # and each message and tool is a token of markup at least: 100,000 empty ones do not fit
+            size += self.target.max_token_bytes() * (len(messages) + (len(tools.shown) if tools is not None else 0))
+        self._check_bytes(size)
         if messages is None and (self.uses_chat if chat is None else chat):
             messages = ([chat_.Message("system", self.cfg.system)] if self.cfg.system else []) + [
                 chat_.Message("user", prompt)

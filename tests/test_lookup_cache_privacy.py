@@ -239,3 +239,41 @@ def test_a_served_answer_is_kept_in_its_clients_namespace_only(models, own_looku
     assert len(lookup_cache.load(vocab, space=alice)) == 1
     for other in ("", lookup_cache.space(KEY_ONE, "bob"), lookup_cache.space(KEY_ONE, None)):
         assert lookup_cache.load(vocab, space=other) == []
+
+
+# --- only its own files (the third hostile pass) -----------------------------------------------------------------
+
+
+def test_eviction_info_and_clear_touch_only_the_caches_own_files_never_through_a_link(own_lookup_cache, tmp_path):
+    """Found by the third pass: eviction removed the oldest `*/*.tok` past the bound, whoever wrote them, through a
+    symlinked folder too (three files outside the cache were deleted); clear() removed them all."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    theirs = [outside / f"{'ab' * 10}.tok", own_lookup_cache / "shards" / "a.tok"]
+    (own_lookup_cache / "shards").mkdir(parents=True)
+    (own_lookup_cache / "fedcba9876543210").symlink_to(outside)  # a vocabulary folder's name, a link
+    mine = own_lookup_cache / KEY
+    mine.mkdir(mode=0o700)
+    theirs += [mine / "notes.tok", mine / "link.tok"]
+    for path in theirs[:3]:
+        path.write_bytes(lookup_cache.encode(answer(9)))
+        os.utime(path, (1, 1))  # the oldest of all: eviction's first pick, were they its own
+    theirs[3].symlink_to(theirs[0])
+    big = answer(3, 2000)
+    lookup_cache.save(KEY, big, max_bytes=len(lookup_cache.encode(big)) + 10)  # over the bound: evicts
+    lookup_cache.save(KEY, answer(4, 2000), max_bytes=len(lookup_cache.encode(big)) + 10)
+    assert all(os.path.lexists(p) for p in theirs)
+    assert lookup_cache.usage()[0] == 1
+    lookup_cache.clear()
+    assert all(os.path.lexists(p) for p in theirs)
+    assert lookup_cache.usage() == (0, 0)
+
+
+def test_a_vocabulary_folder_that_is_a_link_or_anothers_is_not_used(own_lookup_cache, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    own_lookup_cache.mkdir(parents=True, exist_ok=True)
+    (own_lookup_cache / KEY).symlink_to(elsewhere)
+    assert lookup_cache.save(KEY, answer(5)) is None and not list(elsewhere.iterdir())
+    (elsewhere / lookup_cache.file_name("", lookup_cache.encode(answer(6)))).write_bytes(lookup_cache.encode(answer(6)))
+    assert loaded() == set()  # (a planted answer is not drafted from either)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import stat
 import struct
 import zlib
 from pathlib import Path
@@ -36,6 +38,11 @@ MAX_BYTES = 8 << 20  # ~2M tokens over all models: a few thousand answers, loade
 MIN_TOKENS = 16  # shorter answers ("Yes.") predict nothing worth a file
 SUFFIX = ".tok"
 SPACE_CHARS = 24  # hex characters of a namespace: 96 bits, no two clients' alike by chance
+# What the cache writes, and all that eviction, `cache info` and `cache clear` touch: answers and a crashed writer's
+# temporary files, as regular files (not links) in vocabulary folders (not links) under the root.
+_VOCAB = re.compile(r"[0-9a-f]{16}")  # backend/vocab.fingerprint
+_ANSWER = re.compile(rf"(?:[0-9a-f]{{{SPACE_CHARS}}}\.)?[0-9a-f]{{20}}\{SUFFIX}")
+_TEMPORARY = re.compile(rf"\.{_ANSWER.pattern}\.\d+\.[0-9a-f]{{8}}\.tmp")
 
 
 def root() -> Path:
@@ -91,12 +98,17 @@ def load(vocab_key: str, warn=lambda message: None, space: str = "") -> list[np.
     (with `warn`)."""
     answers: list[tuple[float, np.ndarray]] = []
     _tighten_old(vocab_key)
+    if not _ours(folder(vocab_key)):  # none yet; or a link, or another user's folder: run without it
+        return []
     try:
         entries = list(os.scandir(folder(vocab_key)))
-    except OSError:  # no cache yet, or not a folder we can read: run without one
+    except OSError:  # not a folder we can read: run without one
         return []
     for entry in entries:
-        if not entry.name.endswith(SUFFIX) or space_of(entry.name) != space:
+        if (
+            not (_ANSWER.fullmatch(entry.name) and entry.is_file(follow_symlinks=False))
+            or space_of(entry.name) != space
+        ):
             continue
         try:
             with open(entry.path, "rb") as f:
@@ -137,6 +149,8 @@ def save(vocab_key: str, tokens: list[int], max_bytes: int = MAX_BYTES, space: s
     try:
         private_folder(root())  # (mkdir's parents would be made under the umask)
         private_folder(where)
+        if not _ours(where):  # a link, or another user's folder (one who made it first could read the answers)
+            return None
         with create_private(tmp) as f:
             f.write(data)
         os.replace(tmp, path)  # the same answer again: same name, same bytes, and its age starts over
@@ -149,15 +163,15 @@ def save(vocab_key: str, tokens: list[int], max_bytes: int = MAX_BYTES, space: s
 
 def evict(max_bytes: int = MAX_BYTES) -> None:
     """Remove the oldest answers, over every vocabulary, until the cache holds at most max_bytes."""
-    evict_oldest(root().glob(f"*/*{SUFFIX}"), max_bytes)
+    evict_oldest(_own(_ANSWER), max_bytes)
 
 
 def usage() -> tuple[int, int]:
     """(answers, bytes) in the whole cache: every vocabulary and namespace."""
     sizes = []
-    for path in root().glob(f"*/*{SUFFIX}"):
+    for path in _own(_ANSWER):
         try:
-            sizes.append(path.stat().st_size)
+            sizes.append(path.lstat().st_size)
         except OSError:
             continue
     return len(sizes), sum(sizes)
@@ -168,12 +182,40 @@ def clear() -> tuple[int, int]:
     empty; (answers, bytes) removed. Only what the cache writes is touched: $SPECDEC_LOOKUP_CACHE pointed at a
     folder of other files leaves those files (and the folder) in place."""
     answers, size = usage()
-    for pattern in (f"*/*{SUFFIX}", "*/.*.tmp"):
-        for path in root().glob(pattern):
-            remove_quietly(path)
-    for folder_ in [*root().glob("*/"), root()]:
+    for path in [*_own(_ANSWER), *_own(_TEMPORARY)]:
+        remove_quietly(path)
+    for folder_ in [*_vocab_folders(), root()]:
         try:
             folder_.rmdir()  # only if empty
         except OSError:
             pass
     return answers, size
+
+
+def _ours(path: Path) -> bool:
+    """A folder itself (not a link to one) that this user owns."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and (not hasattr(os, "getuid") or st.st_uid == os.getuid())
+
+
+def _vocab_folders() -> list[Path]:
+    try:
+        entries = list(os.scandir(root()))
+    except OSError:
+        return []
+    return [Path(e.path) for e in entries if _VOCAB.fullmatch(e.name) and _ours(Path(e.path))]
+
+
+def _own(pattern: re.Pattern) -> list[Path]:
+    """The cache's own files whose names `pattern` matches: regular files, in its vocabulary folders."""
+    out = []
+    for where in _vocab_folders():
+        try:
+            entries = list(os.scandir(where))
+        except OSError:
+            continue
+        out += [Path(e.path) for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+    return out

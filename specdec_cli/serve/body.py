@@ -8,7 +8,7 @@ from typing import Any
 
 from ..backend import grammar
 from ..errors import UsageError
-from ..chat.messages import MAX_DEPTH, json_depth
+from ..chat.messages import MAX_DEPTH, json_shape
 
 # A stream's items (service.Service.run) besides its pieces: its turn has come (the headers go, before a long
 # prompt's prefill), and nothing new for service.KEEP_ALIVE seconds. Each dialect answers WAITING its own way.
@@ -40,17 +40,18 @@ class ApiError(Exception):
 
 
 def decode(raw: bytes | str) -> Any:
-    """A request's JSON: an HTTP body (serve), a line of a batch file (batch)."""
-    deep = ApiError(400, f"the body is nested too deeply (arrays and objects: {MAX_DEPTH} levels at most)")
+    """A request's JSON: an HTTP body (serve), a line of a batch file (batch). Its shape is checked before it is
+    parsed (chat.messages.json_shape): depth, values and containers bounded, so that no body makes millions of
+    objects."""
+    problem = json_shape(raw).problem()
+    if problem:
+        raise ApiError(400, f"the body is {problem}")
     try:
-        value = json.loads(raw)
+        return json.loads(raw)
     except ValueError as e:  # not JSON, not UTF-8/16/32, or a number past Python's 4,300-digit limit
         raise ApiError(400, f"the body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise deep from None
-    if json_depth(value) > MAX_DEPTH:
-        raise deep
-    return value
+    except RecursionError:  # (a shape that was not JSON's, past the depth all the same)
+        raise ApiError(400, f"the body is nested too deeply (arrays and objects: {MAX_DEPTH} levels at most)") from None
 
 
 def quoted(text: str, limit: int = 120) -> str:

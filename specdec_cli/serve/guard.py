@@ -22,6 +22,7 @@ import resource
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.message import Message
 
@@ -34,6 +35,7 @@ IDLE_SECONDS = 30.0  # a kept-alive connection waiting for its next request; als
 WRITE_SECONDS = 30.0  # a connection's time blocked in writes, all told (a client reading its answers blocks none)
 WRITE_GRACE = 1.0  # seconds a write may block before an eviction may pick its connection (a busy network's stall)
 STOP_WRITE_SECONDS = 1.0  # what a write may still block once the server stops (SIGTERM exits within 2 s)
+PARSERS = 2  # bodies parsed at once: the GIL runs one at a time anyway, and each may make tens of MB of objects
 RETRY_AFTER = 1  # seconds a newcomer refused at the cap is told to wait
 BACKOFF = (0.05, 1.0)  # seconds the accept loop pauses when out of file descriptors, doubling up to the second
 DRAIN_READS = 4  # reads of what a newcomer refused at the cap sent, before its answer (the accept loop's time)
@@ -75,6 +77,7 @@ class Connections:
         self.limits = limits
         self._open: dict[socket.socket, Conn] = {}
         self._lock = threading.Lock()
+        self._parsers = threading.BoundedSemaphore(PARSERS)
         self.stopping = False
 
     def __len__(self) -> int:
@@ -145,6 +148,18 @@ class Connections:
             conns = list(self._open.items())
         for sock, conn in conns:
             _shut(sock, both=conn.phase != "busy")
+
+    @contextmanager
+    def parsing(self):
+        """A turn to parse a body, PARSERS at once: their objects' memory does not multiply by the connections,
+        and a stop ends the wait (503) rather than waiting for every body's turn."""
+        while not self._parsers.acquire(timeout=0.1):
+            if self.stopping:
+                raise ApiError(503, "the server is stopping")
+        try:
+            yield
+        finally:
+            self._parsers.release()
 
     def send(self, sock: socket.socket, data) -> None:
         """Write all of `data`, in the `write` phase while it blocks, within what is left of the connection's

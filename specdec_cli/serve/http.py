@@ -285,7 +285,8 @@ class Handler(BaseHTTPRequestHandler):
         if len(raw) < n:  # the client closed its side: a cut body could still parse (a number, an object's prefix)
             self.close_connection = True
             raise api.ApiError(400, f"the request body ended after {len(raw):,} of its {n:,} bytes")
-        return api.decode(raw)
+        with self.server.conns.parsing():
+            return api.decode(raw)
 
     def _model_card(self) -> dict:
         return {"id": self.server.service.model, "object": "model", "created": 0, "owned_by": "specdec"}
