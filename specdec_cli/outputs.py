@@ -6,7 +6,8 @@ what a user who linked results.json into another folder expects. A dangling link
 file it would create could be anywhere (a disk that is not mounted, another user's folder), and
 creating the target first is one `touch` away.
 
-The on-disk caches (answers, prompts' cells) are private: files 0600 in folders 0700 whatever the umask.
+The on-disk caches (answers, prompts' cells, cost curves, models) live under `home()`; the private ones are files
+0600 in folders 0700 whatever the umask.
 """
 
 from __future__ import annotations
@@ -18,6 +19,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .errors import SpecdecError, UsageError
+
+
+def home() -> Path:
+    """SPECDEC_HOME, else the XDG cache directory's specdec/: every cache's folder (models, lookup answers, prompt
+    blocks, cost curves) is under it."""
+    if os.environ.get("SPECDEC_HOME"):
+        return Path(os.path.expanduser(os.environ["SPECDEC_HOME"]))
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.path.expanduser(cache)) / "specdec"
+
 
 _KINDS = [
     (stat.S_ISDIR, "a directory"),

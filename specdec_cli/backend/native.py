@@ -12,11 +12,10 @@ import ctypes
 import functools
 import os
 import re
-import sys
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Callable, Iterator, Protocol
 
 import llama_cpp.llama_cpp as L
 
@@ -24,8 +23,16 @@ from .. import signals
 from ..errors import SpecdecError
 from . import cpu, gguf_file, memory
 
-if TYPE_CHECKING:
-    from .devices import Offload
+
+class Placement(Protocol):
+    """Where a model's layers go (devices.Offload: -ngl, -dev, -sm, -ts, -mg): it sets llama_model_params and returns
+    the arrays the params then point at, which must live as long as the model."""
+
+    def apply(self, params) -> tuple: ...
+
+
+# Who can say more of an abort than ggml's own line (rpc.py: a lost RPC server): "file.cpp: what" -> (line, hint).
+_ABORT_EXPLAINERS: list[Callable[[str], tuple[str, str] | None]] = []
 
 # llama.cpp logs every load step to stderr; we keep the recent error lines to explain failures instead, and while
 # a model or context is made (`capture`), the lines that say where its buffers went (devices.placement reads them).
@@ -75,13 +82,17 @@ def _on_abort(message: bytes | None) -> None:
         where, _, what = (message or b"").decode("utf-8", "replace").partition(": ")
         text = f"{os.path.basename(where)}: {what}" if what else where
         line = f"error: llama.cpp aborted: {' '.join(text.split())}\n"
-        rpc = sys.modules.get(__package__ + ".rpc")  # a lost RPC server is llama.cpp's abort too
-        explained = rpc.abort_message(" ".join(text.split())) if rpc else None
+        explained = next(filter(None, (explain(" ".join(text.split())) for explain in _ABORT_EXPLAINERS)), None)
         if explained:
             line = f"error: {explained[0]}\nhint: {explained[1]}\n"
         os.write(2, line.encode())
     finally:
         os._exit(1)
+
+
+def explain_aborts(explain: Callable[[str], tuple[str, str] | None]) -> None:
+    """Have ggml's aborts explained by `explain` where it knows them (the one line and hint, else None)."""
+    _ABORT_EXPLAINERS.append(explain)
 
 
 def _set_abort_handler() -> None:
@@ -173,7 +184,7 @@ class Model:
         path: str | Path,
         *,
         exact: bool = False,
-        offload: Offload | None = None,
+        offload: Placement | None = None,
         vocab_only: bool = False,
         heads: bool = False,
     ):

@@ -23,6 +23,7 @@ from .devices import ACCEL as _ACCEL
 from .devices import CPU as _CPU
 from .devices import ggml as _ggml  # ggml's device and RPC functions, their signatures declared once there
 from .devices import local
+from .native import explain_aborts
 
 DEFAULT_PORT = 50052  # llama.cpp's rpc-server default
 # The protocol of the ggml that this llama-cpp-python ships (ggml-rpc.h, RPC_PROTO_*_VERSION): a client
@@ -220,6 +221,9 @@ def abort_message(what: str) -> tuple[str, str] | None:
         f"(llama.cpp: {what})",
         "restart it (specdec rpc-server) and run again",
     )
+
+
+explain_aborts(abort_message)  # a lost RPC server is llama.cpp's abort too
 
 
 # --- the server ----------------------------------------------------------------------------------

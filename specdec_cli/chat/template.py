@@ -22,7 +22,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import ui
 from . import isolation, limits
 from .messages import Message, Tools
 from .sandbox import TemplateError
@@ -132,9 +131,15 @@ def _message(m: Message) -> dict:
 
 
 _WARNED: set[str] = set()
+_say: list[Callable[[str], None]] = [lambda message: None]  # where a fallback is said (warn_with)
+
+
+def warn_with(say: Callable[[str], None]) -> None:
+    """Where a template's fallback is said (the CLI: its warning line); each message once per process."""
+    _say[0] = say
 
 
 def _warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
-        ui.warning(message)
+        _say[0](message)

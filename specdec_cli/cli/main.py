@@ -12,6 +12,7 @@ import traceback
 import typer
 
 from .. import __version__, signals, ui
+from ..chat import template
 from ..errors import SpecdecError, UsageError
 from .batch import batch
 from .bench import bench
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None, *, restore_signals: bool = True) -> int:
     _hold_closed_stdio()
     _name_native_crashes()
     restore = signals.install()
+    template.warn_with(ui.warning)  # (chat/ says its warnings through the UI, which it does not import)
     stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
     try:
         code = app(args=argv, prog_name="specdec", standalone_mode=False)

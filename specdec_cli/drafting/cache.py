@@ -29,8 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.store import home
-from ..outputs import create_private, evict_oldest, private_folder, remove_quietly, tighten
+from ..outputs import create_private, evict_oldest, home, private_folder, remove_quietly, tighten
 
 MAGIC = b"SPDLK1\0\0"
 HEADER = struct.Struct("<8sII")

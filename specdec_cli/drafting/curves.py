@@ -24,7 +24,7 @@ from typing import Any, Callable
 import llama_cpp
 
 from ..backend import cpu
-from ..models.store import home
+from ..outputs import home
 from ..outputs import remove_quietly
 
 VERSION = 2  # 2: the draft's prefill and load times

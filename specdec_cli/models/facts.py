@@ -20,7 +20,7 @@ from math import prod
 from pathlib import Path
 
 from ..backend.gguf_file import Array, Malformed, read_header
-from .store import home
+from ..outputs import home
 
 VERSION = 1
 MAX_SIZE_DIFFERENCE = 128  # llama.cpp pairs vocabularies up to this many tokens apart (backend/vocab.py)

@@ -20,21 +20,13 @@ from pathlib import Path
 from typing import Callable, ContextManager
 
 from ..errors import SpecdecError
-from ..outputs import kind_problem
+from ..outputs import home, kind_problem
 from .catalog import INSTALL_HINT, KNOWN, KnownModel
 
 CHUNK = 8 << 20  # 8 MiB reads: large enough to stream at disk speed, small enough for a smooth progress bar
 DISK_MARGIN = 64 << 20  # leave this much free after writing, for the system's sake
 
 Progress = Callable[[int], None]  # called with the number of bytes just processed
-
-
-def home() -> Path:
-    """SPECDEC_HOME, else the XDG cache directory's specdec/."""
-    if os.environ.get("SPECDEC_HOME"):
-        return Path(os.path.expanduser(os.environ["SPECDEC_HOME"]))
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.path.expanduser(cache)) / "specdec"
 
 
 def models_dir(create: bool = False) -> Path:

@@ -52,8 +52,7 @@ import numpy as np
 from ..backend import cpu
 from ..drafting import curves
 from ..engine import kv
-from ..models.store import home
-from ..outputs import create_private, evict_oldest, private_folder, remove_quietly, tighten
+from ..outputs import create_private, evict_oldest, home, private_folder, remove_quietly, tighten
 
 BLOCK = 512  # backend/context.py's n_ubatch: a cold prefill's ubatches start at its multiples
 MIN_PROMPT = 1024  # shorter prompts are not saved: each block is a file (about 14 MiB for the 1.5B target)
