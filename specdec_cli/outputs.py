@@ -152,17 +152,27 @@ def evict_oldest(paths: Iterable[Path], max_bytes: int) -> None:
         total -= size
 
 
-def private_folder(folder: Path) -> None:
+class NotOurs(OSError):
+    """A cache's folder that is a link, not a folder, or another user's: a cache does not use it."""
+
+
+def private_folder(folder: Path, link_ok: bool = False) -> None:
     """Make `folder` (and its parents) and leave it 0700 whatever the umask (a folder of ours made 0755 by an
-    older version included)."""
+    older version included). NotOurs where it is not a folder this user owns, or is a link and not `link_ok` (a
+    cache's root the user may point anywhere; inside it, a link another user planted would have us chmod and
+    write where it points)."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tighten(folder)
+    st = folder.stat() if link_ok else folder.lstat()
+    if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        raise NotOurs(f"{folder} is not a folder of this user's (a link, a file, or another user's)")
+    if st.st_mode & 0o077:
+        os.chmod(folder, 0o700)
 
 
 def tighten(folder: Path) -> None:
-    """Make a folder of ours that others may enter 0700 (another user's is left as it is)."""
-    st = folder.stat()
-    if st.st_mode & 0o077 and (not hasattr(os, "getuid") or st.st_uid == os.getuid()):
+    """Make a folder of ours that others may enter 0700 (another user's, and a link, are left as they are)."""
+    st = folder.lstat()
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o077 and (not hasattr(os, "getuid") or st.st_uid == os.getuid()):
         os.chmod(folder, 0o700)
 
 

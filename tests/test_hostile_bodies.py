@@ -5,6 +5,8 @@ absurd seeds and top-k, and the parse's turns (a stop does not wait for every qu
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import random
 import threading
 import time
@@ -155,3 +157,54 @@ def test_a_huge_body_an_absurd_seed_or_top_k_is_a_400_and_the_server_goes_on(mod
         assert server.raw("GET", "/health")[0] == 200
     finally:
         assert server.stop() == 0, server.stderr
+
+
+# --- the fourth hostile pass --------------------------------------------------------------------------------------
+
+
+def finishes(code: str, seconds: float = 30) -> bool:
+    """Whether `code` ends within `seconds` in a fresh interpreter (a hang detector: the quadratic versions ran
+    for minutes to hours, holding the GIL, so no thread of this process could time them out)."""
+    try:
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=seconds, capture_output=True)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def test_counting_a_body_is_linear_whatever_its_strings_hold():
+    """Found by the fourth pass: an unterminated string of escaped quotes made the count quadratic: 64 KB froze the
+    server for 11 s, 8 MiB for hours, and a SIGTERM waited for it."""
+    assert finishes(
+        "from specdec_cli.chat.messages import json_shape\n"
+        "for body in ['\"' + '\\\\\"' * 4_000_000, '\"\\\\' * 4_000_000, '[\"' + '\\\\' * 8_000_000]:\n"
+        "    json_shape(body.encode())\n"
+    )
+
+
+def test_a_calls_arguments_nested_past_the_bound_are_content_not_a_500():
+    """Found by the fourth pass: a model that wrote arguments 1,000 deep (a copied text) got RecursionError: a 500,
+    or an error event ending the stream."""
+    from specdec_cli.chat.calls import FORMATS, read
+
+    deep = "[" * 1000 + "1" + "]" * 1000
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": ' + deep + "}}\n</tool_call>"
+    content, calls = read(FORMATS["hermes"], text)
+    assert calls == [] and content == text
+    ok = '<tool_call>\n{"name": "f", "arguments": {"a": [[1]]}}\n</tool_call>'
+    assert [c.name for c in read(FORMATS["hermes"], ok)[1]] == ["f"]
+
+
+def test_reading_calls_out_of_an_answer_is_linear_in_its_length():
+    """Found by the fourth pass: one character at a time, 32,000 characters after a call (or of leading spaces)
+    took 15 s: each step looked at everything since the last call."""
+    assert finishes(
+        "from specdec_cli.chat.calls import FORMATS, Reader\n"
+        'call = \'<tool_call>\\n{"name": "f", "arguments": {}}\\n</tool_call>\'\n'
+        "for text in [call + '{\"name\": \"' + 'x' * 200_000, ' ' * 200_000 + 'hi', 'hi' + ' ' * 200_000 + 'yo']:\n"
+        "    r = Reader(FORMATS['hermes'])\n"
+        "    pieces = [p for ch in text for p in r.push(ch)]\n"
+        "    last, whole, calls = r.end()\n"
+        "    assert whole == text and not calls\n"
+        "    assert text.startswith(call) or ''.join(p.text for p in pieces + last) == text\n"
+    )

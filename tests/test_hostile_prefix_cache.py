@@ -368,3 +368,37 @@ def test_sigterm_right_after_the_answer_still_keeps_the_prompt(models, own_prefi
         code = s.stop()
     assert code == 0, s.stderr
     assert len(blocks(own_prefix_cache)) == 3
+
+
+# --- the fourth hostile pass: a local user's links and folders ----------------------------------------------------
+
+
+def test_a_model_folder_replaced_by_a_link_is_neither_chmodded_nor_written_through(models, own_prefix_cache, tmp_path):
+    """Found by the fourth pass: another user swapped a model's folder for a link to a folder of the server's user;
+    the next long prompt made it 0700 and wrote five blocks into it (and eviction never counted them)."""
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+    victim.chmod(0o755)
+    with Server(pair(models)) as s:
+        folder = s.session.prefixes.folder
+        if folder.exists():
+            for p in folder.iterdir():
+                p.unlink()
+            folder.rmdir()
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.symlink_to(victim)
+        s.ask(SYSTEM + "Question?")
+    assert list(victim.iterdir()) == [] and stat.S_IMODE(victim.stat().st_mode) == 0o755
+    assert any("not a folder of this user's" in w for w in s.warnings), s.warnings
+
+
+def test_a_cache_folder_of_another_user_turns_the_cache_off(models, own_prefix_cache):
+    """Found by the fourth pass: a root another user made first (so owns, and can fill with links) was used."""
+    if os.getuid() != 0:
+        pytest.skip("making a folder another user owns needs root")
+    own_prefix_cache.mkdir(parents=True, exist_ok=True)
+    os.chown(own_prefix_cache, 65534, 65534)
+    with open_session(pair(models)) as session:
+        why = prefixes.attach(session, prefixes.MAX_BYTES, lambda m: None)
+    assert why is not None and "not a folder of this user's" in why and session.prefixes is None
+    assert not (own_prefix_cache / prefixes.SECRET).exists()

@@ -20,7 +20,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from .messages import Tool, ToolCall, Tools
+from .messages import Tool, ToolCall, Tools, json_shape
 
 
 _OPENING = re.compile(r"\s*(?:```(?:json)?\s*)?(?=\{)")  # an answer that opens with a call's JSON, fenced or not
@@ -204,6 +204,7 @@ class _Call:
     args: list[str] = field(default_factory=list)
 
 
+_LOOK = 4096  # characters a step looks at where it waits for more: before an answer's first call, between calls
 _HEADER = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"KEY"\s*:\s*'
 
 
@@ -215,7 +216,8 @@ class Reader:
     def __init__(self, fmt: Format):
         self.fmt = fmt
         self.header = re.compile(_HEADER.replace("KEY", fmt.args_key))
-        self.buf = ""
+        self._parts: list[str] = []  # the answer's text as pushed (`buf` joins it)
+        self.rest = ""  # what is not yet read of it: each step looks at this, never at the whole (linear per answer)
         self.pos = 0  # what has been read of buf
         self.state = "text"  # text | header (after the marker) | args | after (a call's arguments) | failed
         self.calls: list[_Call] = []
@@ -224,8 +226,19 @@ class Reader:
         self._done = 0  # calls whose arguments are whole
         self._depth, self._in_str, self._esc, self._started = 0, False, False, False
 
+    @property
+    def buf(self) -> str:
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+    def _read(self, n: int) -> None:
+        self.pos += n
+        self.rest = self.rest[n:]
+
     def push(self, text: str) -> list[Piece]:
-        self.buf += text
+        self._parts.append(text)
+        self.rest += text
         out: list[Piece] = []
         while True:
             step = getattr(self, "_" + self.state)()
@@ -238,7 +251,7 @@ class Reader:
         complete as JSON objects, or with text after them, is all content (and no calls); one cut mid-call
         after whole ones (max_tokens, a model that repeats its call) keeps the whole ones."""
         calls = [ToolCall(c.id, c.name, "".join(c.args)) for c in self.calls]
-        rest = self.buf[self.pos :]
+        rest = self.rest
         if self.state == "after" and self.fmt.tag and self.fmt.tag in rest:
             rest = rest[: rest.index(self.fmt.tag)]  # a next call opened, and the answer ended before its header
         if self.state in ("header", "args") and self._done:
@@ -255,9 +268,9 @@ class Reader:
 
     # --- states: each returns the pieces of one step, or None where it needs more text --------------------
     def _text(self) -> list[Piece] | None:
-        rest = self.buf[self.pos :]
+        rest = self.rest
         if not self.sent and self.pos == 0 and self._opening is not False:
-            self._opening = self.fmt.opens(self.buf)
+            self._opening = self.fmt.opens(rest) if len(rest) <= _LOOK else False
             if self._opening is None:
                 return None  # the answer may still open with a call's JSON: nothing is content yet
             if self._opening is not False:
@@ -265,12 +278,14 @@ class Reader:
                 return []
         hit = self.fmt.find(rest)
         if hit >= 0:
-            self.pos += hit + len(self.fmt.tag)
+            self._read(hit + len(self.fmt.tag))
             self.state = "header"
             return self._send(rest[:hit].rstrip())
         keep = _held(rest, self.fmt.tag) if self.fmt.tag else 0
-        text = rest[: len(rest) - keep].rstrip()  # whitespace before a call is not content: held until text follows
-        self.pos += len(text)
+        text = rest[: len(rest) - keep]
+        tail = text[-_LOOK:]  # whitespace before a call is not content: held until text follows (_LOOK of it)
+        text = text[: len(text) - (len(tail) - len(tail.rstrip()))]
+        self._read(len(text))
         return self._send(text) or None
 
     def _send(self, text: str) -> list[Piece]:
@@ -278,11 +293,11 @@ class Reader:
         return [Piece("text", text)] if text else []
 
     def _header(self) -> list[Piece] | None:
-        rest = self.buf[self.pos :]
+        rest = self.rest
         m = self.header.search(rest)
         if m is None:
-            if re.search(f'"{self.fmt.args_key}"\\s*:', rest) or (self.state == "header" and len(rest) > 256):
-                self.state = "failed"  # the marker, then something other than a call
+            if re.search(f'"{self.fmt.args_key}"\\s*:', rest) or len(rest) > (256 if self.state == "header" else _LOOK):
+                self.state = "failed"  # the marker, then something other than a call (or too much between calls)
             return None
         if _junk(rest[: m.start()], self.fmt):
             self.state = "failed"
@@ -294,17 +309,17 @@ class Reader:
             return None
         call = _Call(new_id(), name)
         self.calls.append(call)
-        self.pos += m.end()
+        self._read(m.end())
         self.state = "args"
         self._depth, self._in_str, self._esc, self._started = 0, False, False, False
         return [Piece("call", index=len(self.calls) - 1, call=ToolCall(call.id, name, ""))]
 
     def _args(self) -> list[Piece] | None:
-        rest = self.buf[self.pos :]
+        rest = self.rest
         if not rest:
             return None
         n, done = self._scan(rest)
-        self.pos += n
+        self._read(n)
         if done:
             self.state = "after"
             self._done = len(self.calls)
@@ -365,9 +380,13 @@ def _held(text: str, marker: str) -> int:
 
 
 def _is_object(text: str) -> bool:
+    """Whether a call's arguments are one JSON object, within json_shape's bounds (a model told to copy a text
+    can write arguments 1,000 deep: what reads them later recurses)."""
+    if json_shape(text).problem():
+        return False
     try:
         return isinstance(json.loads(text), dict)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 

@@ -146,7 +146,7 @@ def save(vocab_key: str, tokens: list[int], max_bytes: int = MAX_BYTES, space: s
     path = where / file_name(space, data)
     tmp = where / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
-        private_folder(root())  # (mkdir's parents would be made under the umask)
+        private_folder(root(), link_ok=True)  # (mkdir's parents would be made under the umask)
         private_folder(where)
         if not _ours(where):  # a link, or another user's folder (one who made it first could read the answers)
             return None

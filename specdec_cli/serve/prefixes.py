@@ -136,7 +136,7 @@ def attach(session, max_bytes: int, warn: Warn, api_key: str | None = None, life
 def secret(folder: Path) -> bytes:
     """The install's HMAC key: folder/SECRET, 32 random bytes in a 0600 file, made on first use (two servers
     starting at once: the first link wins, both read it). Damaged where it is not a private file of ours."""
-    private_folder(folder)
+    private_folder(folder, link_ok=True)
     path = folder / SECRET
     if not os.path.lexists(path):
         tmp = folder / f".{SECRET}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
