@@ -18,21 +18,18 @@ from .drafting import NEEDS, NEVER, cost, curves, measure
 from .drafting.mtp import HeadCache, unusable
 from .drafting.corpus import Corpus
 from .engine import kv
-from .chat import fim
+from .chat import fim, prompt
+from .chat.prompt import PromptTooLong  # noqa: F401 (re-exported: the server and tests catch it)
 from .engine.events import Event, Prefilled
 from .engine.speculative import generate
 from .errors import SpecdecError, UsageError
+from .once import Once
 from .fit import check_memory, context_sizes
 from .text import with_text
 from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
 
 
-class PromptTooLong(UsageError):
-    """The prompt does not fit the context (a server answers it with OpenAI's context_length_exceeded)."""
-
-
 CACHED = Corpus([])  # Session.generate's default corpus: the lookup cache (a marker, never searched)
-CORPORA = 8  # lookup cache namespaces kept loaded: a client inventing salts must not grow memory without bound
 
 
 def _seqs(model: Model, role: str) -> int:
@@ -66,15 +63,14 @@ class Session:
         heads = drafting.kind(cfg.drafter).heads != NEVER and mtp.usable(cfg.target)
         # Exact mode changes how the target computes; the draft's numerics never change the output.
         self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, offload=plan.target, heads=heads))
-        self._heads: HeadCache | None = None  # opened at the first run that drafts with them (`heads`)
-        self._heads_failed: SpecdecError | None = None
+        # The heads beside the target's context, opened at the first run that drafts with them.
+        self.heads = Once(lambda: HeadCache(stack.enter_context(mtp.Heads(self.target_ctx, cfg.threads))))
         self.drafter = self._speculation(cfg)  # the drafter, plain decoding where the target cannot roll back
         self.speculates = not drafting.kind(self.drafter).plain
-        self._corpora: dict[str, Corpus] = {}  # lookup cache namespace -> its answers, least recently used first
-        self.lookup_key = b""  # a server's API key's hash (prefixes.key_hash): with a salt, whose answers a run sees
+        self.answers = lookup_cache.Answers(lambda: self.vocab_key, self.warnings.append)  # lookup's earlier answers
         self.draft: Model | None = None  # loaded, with its context, where it first drafts (`draft_context`)
         self.draft_ctx: Context | None = None
-        self._draft_failed: SpecdecError | None = None
+        self.draft_context = Once(self._load_draft)  # the draft's context, the model loaded at its first draft
         # The draft's vocabulary and sizes, read without its weights: whether it pairs, what its cache costs.
         self._draft_file = cfg.draft if cfg.draft and self.speculates else None
         info = stack.enter_context(Model(self._draft_file, vocab_only=True)) if self._draft_file else None
@@ -139,44 +135,23 @@ class Session:
             )
         self.load_seconds = time.perf_counter() - t0
 
-    def heads(self) -> HeadCache:
-        """The target's MTP heads beside its context, opened on first use; a failure to open them is raised again,
-        not tried again (as the draft model's)."""
-        if self._heads_failed is not None:
-            raise self._heads_failed
-        if self._heads is None:
-            try:
-                self._heads = HeadCache(self._stack.enter_context(mtp.Heads(self.target_ctx, self.cfg.threads)))
-            except SpecdecError as e:
-                self._heads_failed = e
-                raise
-        return self._heads
-
     @property
     def has_draft(self) -> bool:
         """Whether a draft model serves this session (loaded now, or at its first draft)."""
         return self._draft_file is not None
 
-    def draft_context(self) -> Context:
-        """The draft model's context, the model loaded on first use (its load time goes to the cost curve). A
-        load that failed is not tried again: its error is raised again."""
-        if self._draft_failed is not None:
-            raise self._draft_failed
-        if self.draft_ctx is None:
-            t0 = time.perf_counter()
-            try:
-                want, n_ctx = self._draft_want, self._draft_ctx_args["n_ctx"]
-                placed = fit.offload(want, self._draft_file, n_ctx, self._draft_bytes)[0] if want else None
-                draft = self._stack.enter_context(Model(self._draft_file, offload=placed))
-                with native.capture() as made:
-                    ctx = self._stack.enter_context(Context(draft, **self._draft_ctx_args, **self._ctx))
-            except SpecdecError as e:
-                self._draft_failed = e
-                raise
-            self.draft, self.draft_ctx = draft, ctx
-            self.placement["draft"] = fit.placement(draft, made)
-            self.curve.draft_load = time.perf_counter() - t0
-        return self.draft_ctx
+    def _load_draft(self) -> Context:
+        """The draft model and its context (its load time goes to the cost curve)."""
+        t0 = time.perf_counter()
+        want, n_ctx = self._draft_want, self._draft_ctx_args["n_ctx"]
+        placed = fit.offload(want, self._draft_file, n_ctx, self._draft_bytes)[0] if want else None
+        draft = self._stack.enter_context(Model(self._draft_file, offload=placed))
+        with native.capture() as made:
+            ctx = self._stack.enter_context(Context(draft, **self._draft_ctx_args, **self._ctx))
+        self.draft, self.draft_ctx = draft, ctx
+        self.placement["draft"] = fit.placement(draft, made)
+        self.curve.draft_load = time.perf_counter() - t0
+        return ctx
 
     def _speculation(self, cfg: RunConfig) -> str:
         """The drafter, once the target's cache is known: auto decodes plainly where it cannot roll back."""
@@ -222,87 +197,31 @@ class Session:
 
     @property
     def uses_chat(self) -> bool:
-        has = self.target.chat_template() is not None
-        if self.cfg.chat and not has:
-            raise UsageError(f"--chat: {self.target.name} has no chat template", hint="use --no-chat")
-        return has if self.cfg.chat is None else self.cfg.chat
+        return prompt.uses_chat(self.target, self.cfg.chat)
 
     def prompt_tokens(
         self,
-        prompt: str = "",
+        text: str = "",
         *,
         messages: list[chat_.Message] | None = None,
         tools: chat_.Tools | None = None,
         chat: bool | None = None,
     ) -> list[int]:
-        """In chat mode the prompt (and system prompt) is text inside the template; without it, the raw
-        prompt's control-token text is parsed (a raw prompt may want them). `messages`: a whole chat, in
-        the template; `chat`: with or without the template whatever the configuration says (a server's
-        two endpoints); `tools`: what the template shows the model (chat/template.py)."""
-        # Every text the template may write (tools, calls, results too) counts before any is rendered or tokenized
-        size = chat_.limits.text_bytes([prompt] if messages is None else chat_.texts(messages, tools))
-        if (
-            messages is not None
-        ):  # and each message and tool is a token of markup at least: 100,000 empty ones do not fit
-            size += self.target.max_token_bytes() * (len(messages) + (len(tools.shown) if tools is not None else 0))
-        self._check_bytes(size)
-        if messages is None and (self.uses_chat if chat is None else chat):
-            messages = ([chat_.Message("system", self.cfg.system)] if self.cfg.system else []) + [
-                chat_.Message("user", prompt)
-            ]
-        if messages is not None:
-            try:
-                tokens = chat_.tokens(self.target, messages, tools, self.max_prompt_bytes)
-            except chat_.TooLong as e:  # the template's text with the request's
-                self._check_bytes(e.size)
-                raise
-            except chat_.TemplateError as e:
-                raise UsageError(
-                    str(e), hint="use --no-chat and write the prompt in the model's format yourself"
-                ) from None
-        elif self.cfg.system and chat is None:
-            why = "--no-chat turns it off" if self.cfg.chat is False else f"{self.target.name} has none"
-            raise UsageError(
-                f"--system needs the chat template, and {why}", hint="put the instructions into the prompt itself"
-            )
-        else:
-            tokens = chat_.limits.tokenize(self.target, prompt, add_special=True, parse_special=True)
-        return self._fits(tokens)
+        """The prompt's tokens for this target and context (chat/prompt.py), with --chat and --system."""
+        return prompt.prompt_tokens(
+            self.target,
+            self.target_ctx.n_ctx,
+            text,
+            messages=messages,
+            tools=tools,
+            chat=chat,
+            configured_chat=self.cfg.chat,
+            system=self.cfg.system,
+        )
 
-    def infill_tokens(self, prefix: str, suffix: str, extra: list[fim.Extra] = (), prompt: str = "") -> list[int]:
-        """A fill-in-the-middle prompt (the code before and after the cursor, other files), as llama-server lays
-        it out (chat/fim.py); UsageError where the target has no FIM tokens or the prompt does not fit. The texts
-        used whole (the prompt, the files' names) count before tokenizing; the others are cut first (fim.py)."""
-        self._check_bytes(chat_.limits.text_bytes([prompt, *(e.filename for e in extra)]))
-        try:
-            return self._fits(fim.layout(self.target, prefix, suffix, extra, prompt, self.target_ctx.n_ctx))
-        except fim.NoFim as e:
-            raise UsageError(str(e), hint="use a model trained to fill in the middle (Qwen2.5-Coder, ...)") from None
-
-    @property
-    def max_prompt_bytes(self) -> int:
-        """The most bytes a prompt's text may have and fit the context: no token stands for more than
-        max_token_bytes of them."""
-        return self.target_ctx.n_ctx * max(1, self.target.max_token_bytes())
-
-    def _check_bytes(self, size: int) -> None:
-        """Refuse a text that cannot fit before tokenizing it (chat/limits.py: tokenizing costs time)."""
-        if size > self.max_prompt_bytes:
-            raise PromptTooLong(
-                f"the prompt has {size:,} bytes, more than a context of {self.target_ctx.n_ctx:,} tokens can hold "
-                f"(no token of {self.target.name} is longer than {self.target.max_token_bytes()} bytes)",
-                hint="raise -c/--ctx-size or shorten the prompt",
-            )
-
-    def _fits(self, tokens: list[int]) -> list[int]:
-        if not tokens:
-            raise UsageError("the prompt is empty")
-        if len(tokens) >= self.target_ctx.n_ctx:
-            raise PromptTooLong(
-                f"the prompt has {len(tokens)} tokens but the context holds {self.target_ctx.n_ctx}",
-                hint="raise -c/--ctx-size or shorten the prompt",
-            )
-        return tokens
+    def infill_tokens(self, prefix: str, suffix: str, extra: list[fim.Extra] = (), text: str = "") -> list[int]:
+        """A fill-in-the-middle prompt's tokens for this target and context (chat/prompt.py)."""
+        return prompt.infill_tokens(self.target, self.target_ctx.n_ctx, prefix, suffix, extra, text)
 
     def generate(
         self,
@@ -356,8 +275,8 @@ class Session:
         # Another namespace's cells are not reused (taken empty), though this run's may serve its own next run.
         own, self._salt = salt == self._salt, salt
         draft = (lambda: self.kept.take(self.draft_context(), tokens, reuse and own)) if self._draft_file else None
-        if self._heads is not None:  # the target's decodes feed the heads only in runs that draft with them
-            self._heads.heads.detach()
+        if self.heads.made is not None:  # the target's decodes feed the heads only in runs that draft with them
+            self.heads.made.heads.detach()
         heads = self.heads if self.target.heads and drafting.kind(name).heads != NEVER else None
         tokenize = functools.partial(self.target.tokenize, special=False)  # as the answer's text tokenizes
         predicted = tuple(tokenize(prediction)) if prediction is not None else None
@@ -405,36 +324,42 @@ class Session:
         self.curve.check_drift()
 
     def lookup_corpus(self, salt: str | None = None) -> Corpus | None:
-        """The lookup cache's answers for this target's vocabulary in the namespace of this server's key and `salt`,
-        loaded once per session and namespace (None: off); the CORPORA most recently used stay loaded."""
-        if not self.cfg.lookup_cache or not drafting.kind(self.drafter).lookup:
-            return None
-        space = lookup_cache.space(self.lookup_key, salt)
-        corpus = self._corpora.pop(space, None)
-        if corpus is None:
-            corpus = Corpus(lookup_cache.load(self.vocab_key, self.warnings.append, space))
-        self._corpora[space] = corpus  # (the most recently used last)
-        if len(self._corpora) > CORPORA:
-            del self._corpora[next(iter(self._corpora))]
-        return corpus
+        """The lookup cache's answers for this target in the namespace of this server's key and `salt` (None: off)."""
+        return self.answers.corpus(salt) if self._looks_up else None
 
     @functools.cached_property
     def vocab_key(self) -> str:
         return vocab.fingerprint(self.target)
 
     def remember(self, answer: list[int], salt: str | None = None) -> None:
-        """Keep an answer in the lookup cache for later runs of its namespace (this server's key and a request's
-        `salt`), with the cache on and lookup in use."""
-        if self.cfg.lookup_cache and drafting.kind(self.drafter).lookup:
-            space = lookup_cache.space(self.lookup_key, salt)
-            kept = lookup_cache.save(self.vocab_key, answer, space=space)
-            corpus = self._corpora.get(space)
-            # A later run of this session (a server's or a batch's next request) drafts from it too: added to
-            # the loaded index, or (past the cache's bound, where the disk evicts old answers) read again.
-            if corpus is not None and kept is not None and len(corpus) < lookup_cache.MAX_BYTES // 4:
-                corpus.add(answer)
-            elif kept is not None:
-                self._corpora.pop(space, None)
+        """Keep an answer in the lookup cache for later runs of its namespace (with the cache on, and lookup in use)."""
+        if self._looks_up:
+            self.answers.remember(answer, salt)
+
+    def keep_prompt(self, deadline: float = float("inf")) -> None:
+        """The last prompt's blocks to the prefix store (a server's, serve/prefixes.py), where it has one and the
+        prompt's cells are still held; by `deadline` (time.monotonic())."""
+        store = self.prefixes
+        if store is None or store.pending is None:
+            return
+        (tokens, salt), seq = store.pending, self.kept.held(self.target_ctx)  # (seq None: emptied since)
+        try:
+            if seq is not None:
+                store.save(seq, tokens, salt, deadline)
+        except Exception:  # (a signal that cuts it leaves the prompt pending, for a stop's last write)
+            store.pending = None
+            raise
+        store.pending = None
+
+    def unsaved_blocks(self) -> int:
+        """How many of the last prompt's blocks `keep_prompt` would write."""
+        store = self.prefixes
+        seq = self.kept.held(self.target_ctx) if store is not None and store.pending is not None else None
+        return store.unsaved(seq, *store.pending) if seq is not None else 0
+
+    @property
+    def _looks_up(self) -> bool:
+        return self.cfg.lookup_cache and drafting.kind(self.drafter).lookup
 
     def costs(self, tokens: list[int], measured: cost.Costs | None = None) -> cost.Costs:
         """This machine's costs, measured on first use (about a second; it empties both caches) unless a

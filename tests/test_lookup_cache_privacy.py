@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from conftest import config, run_engine
 
-from specdec_cli import session as session_module
 from specdec_cli.drafting import cache as lookup_cache
 from specdec_cli.serve import prefixes
 from specdec_cli.session import open_session
@@ -160,7 +159,7 @@ def lookup_session(models, key: bytes = b""):
     # remeasure: every session on frozen_costs' curve, not on the one the session before kept (then refined)
     cm = open_session(config(models, None, drafter="lookup", draft_tokens=None, max_tokens=48, remeasure=True))
     s = cm.__enter__()
-    s.lookup_key = key
+    s.answers.key_hash = key
     return cm, s
 
 
@@ -198,15 +197,15 @@ def test_only_the_most_recently_used_namespaces_stay_loaded(models, own_lookup_c
     monkeypatch.setattr(lookup_cache, "load", lambda key, warn, space: reads.append(space) or load(key, warn, space))
     cm, s = lookup_session(models, KEY_ONE)
     try:
-        salts = [f"salt-{i}" for i in range(3 * session_module.CORPORA)]
+        salts = [f"salt-{i}" for i in range(3 * lookup_cache.CORPORA)]
         corpora = [s.lookup_corpus(salt) for salt in salts]
         assert len(reads) == len(salts) and len(set(reads)) == len(salts)
         assert s.lookup_corpus(salts[-1]) is corpora[-1]  # still loaded: not read again
-        assert s.lookup_corpus(salts[-session_module.CORPORA]) is corpora[-session_module.CORPORA]
+        assert s.lookup_corpus(salts[-lookup_cache.CORPORA]) is corpora[-lookup_cache.CORPORA]
         assert len(reads) == len(salts)
         s.lookup_corpus(salts[0])  # long dropped: read again
         assert len(reads) == len(salts) + 1
-        assert len(s._corpora) <= session_module.CORPORA
+        assert len(s.answers) <= lookup_cache.CORPORA
     finally:
         cm.__exit__(None, None, None)
 

@@ -115,7 +115,9 @@ def serve(
     try:
         with opened(cfg, costs=True) as session:
             size, lifetime = int(prefix_cache_size * GIB), prefix_cache_hours * 3600
-            session.lookup_key = prefixes.key_hash(api_key)  # the lookup cache's namespaces, as the prefix cache's
+            session.answers.key_hash = prefixes.key_hash(
+                api_key
+            )  # the lookup cache's namespaces, as the prefix cache's
             why = prefixes.attach(session, size, ui.warning, api_key, lifetime) if prefix_cache else None
             if why:
                 ui.note(f"prefix cache off: {why}")

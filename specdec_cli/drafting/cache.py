@@ -26,9 +26,11 @@ import stat
 import struct
 import zlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from .corpus import Corpus
 from ..outputs import create_private, evict_oldest, home, private_folder, remove_quietly, tighten
 
 MAGIC = b"SPDLK1\0\0"
@@ -37,11 +39,47 @@ MAX_BYTES = 8 << 20  # ~2M tokens over all models: a few thousand answers, loade
 MIN_TOKENS = 16  # shorter answers ("Yes.") predict nothing worth a file
 SUFFIX = ".tok"
 SPACE_CHARS = 24  # hex characters of a namespace: 96 bits, no two clients' alike by chance
+CORPORA = 8  # namespaces kept loaded (Answers): a client inventing salts must not grow memory without bound
 # What the cache writes, and all that eviction, `cache info` and `cache clear` touch: answers and a crashed writer's
 # temporary files, as regular files (not links) in vocabulary folders (not links) under the root.
 _VOCAB = re.compile(r"[0-9a-f]{16}")  # backend/vocab.fingerprint
 _ANSWER = re.compile(rf"(?:[0-9a-f]{{{SPACE_CHARS}}}\.)?[0-9a-f]{{20}}\{SUFFIX}")
 _TEMPORARY = re.compile(rf"\.{_ANSWER.pattern}\.\d+\.[0-9a-f]{{8}}\.tmp")
+
+
+class Answers:
+    """The lookup cache as a session holds it: each namespace's answers (`space`: the server's API key's hash,
+    `key_hash`, and a request's salt) loaded once, the CORPORA most recently used kept; an answer kept goes to
+    disk and into its namespace's loaded index."""
+
+    def __init__(self, vocab_key: Callable[[], str], warn: Callable[[str], None]):
+        self.key_hash = b""  # a server's (serve/prefixes.key_hash); b"": none
+        self._vocab_key, self._warn = vocab_key, warn
+        self._corpora: dict[str, Corpus] = {}  # namespace -> its answers, least recently used first
+
+    def __len__(self) -> int:
+        return len(self._corpora)
+
+    def corpus(self, salt: str | None = None) -> Corpus:
+        where = space(self.key_hash, salt)
+        corpus = self._corpora.pop(where, None)
+        if corpus is None:
+            corpus = Corpus(load(self._vocab_key(), self._warn, where))
+        self._corpora[where] = corpus  # (the most recently used last)
+        if len(self._corpora) > CORPORA:
+            del self._corpora[next(iter(self._corpora))]
+        return corpus
+
+    def remember(self, answer: list[int], salt: str | None = None) -> None:
+        where = space(self.key_hash, salt)
+        kept = save(self._vocab_key(), answer, space=where)
+        corpus = self._corpora.get(where)
+        # A later run (a server's or a batch's next request) drafts from it too: added to the loaded index, or
+        # (past the cache's bound, where the disk evicts old answers) read again.
+        if corpus is not None and kept is not None and len(corpus) < MAX_BYTES // 4:
+            corpus.add(answer)
+        elif kept is not None:
+            self._corpora.pop(where, None)
 
 
 def root() -> Path:

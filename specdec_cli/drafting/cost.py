@@ -95,11 +95,6 @@ class Costs:
         return self.verify(1)
 
     @property
-    def plain_measured(self) -> float | None:
-        """Plain decoding's seconds per token as measured back to back (None: t(1) after a draft decode)."""
-        return self._plain
-
-    @property
     def draft_ratio(self) -> float | None:
         """t_draft / t_target(1): the draft's cost in target tokens (the paper's c)."""
         return self.draft / self.plain if self.draft is not None else None

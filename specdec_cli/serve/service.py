@@ -295,26 +295,18 @@ class Service:
                     job.refuse(shutting_down())
 
     def _keep_prompt(self, deadline: float = float("inf")) -> None:
-        """The last prompt's blocks to the prefix cache (serve/prefixes.py), on this thread: llama.cpp's. A
-        signal that cuts it leaves the prompt pending, for `keep_before_stopping`."""
-        s, store = self.session, self.session.prefixes
-        if store is None or store.pending is None:
-            return
-        (tokens, salt), seq = store.pending, s.kept.held(s.target_ctx)  # (seq None: emptied since)
+        """The last prompt's blocks to the prefix cache, on this thread: llama.cpp's. A signal that cuts it leaves
+        the prompt pending, for `keep_before_stopping`."""
         try:
-            if seq is not None:
-                store.save(seq, tokens, salt, deadline)
+            self.session.keep_prompt(deadline)
         except Exception as e:  # a bug in a cache must not take the server down: the next request runs
             ui.warning(f"could not keep the prompt in the prefix cache: {e!r}")
-        store.pending = None
 
     def keep_before_stopping(self) -> None:
         """A graceful stop: the last prompt's blocks not yet on disk are written (STOP_SECONDS at most, said in
         one line), so that a script that asks and stops a server still gets the cache. A signal during it
         (the caller lets a second one through) stops it at once; a block half-written is a temporary file."""
-        s, store = self.session, self.session.prefixes
-        seq = s.kept.held(s.target_ctx) if store is not None and store.pending is not None else None
-        n = store.unsaved(seq, *store.pending) if seq is not None else 0
+        n = self.session.unsaved_blocks()
         if n:
             ui.note(f"writing {n} block(s) of the last prompt to the prefix cache ({STOP_SECONDS:g} s at most; "
                     "a second signal stops at once)")  # fmt: skip
