@@ -185,9 +185,7 @@ def save(vocab_key: str, tokens: list[int], max_bytes: int = MAX_BYTES, space: s
     tmp = where / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
         private_folder(root(), link_ok=True)  # (mkdir's parents would be made under the umask)
-        private_folder(where)
-        if not _ours(where):  # a link, or another user's folder (one who made it first could read the answers)
-            return None
+        private_folder(where)  # (NotOurs, an OSError: a link, or another user's folder, who could read the answers)
         with create_private(tmp) as f:
             f.write(data)
         os.replace(tmp, path)  # the same answer again: same name, same bytes, and its age starts over
