@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from specdec_cli.engine.events import Prefilled
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.engine.stats import collect
 from specdec_cli.session import RunConfig, open_session
 
@@ -90,7 +91,7 @@ def peers(args, cfg: RunConfig) -> None:
             for i, p in enumerate(prompts):  # interleaved: every method on a prompt, then the next prompt
                 for name in mine:
                     events = session.generate(
-                        encoded[i], drafter=name, draft_tokens=None, instruction=p["prompt"], corpus=None
+                        encoded[i], Inputs(instruction=p["prompt"], corpus=None), drafter=name, draft_tokens=None
                     )
                     results[name][i].append(collect(events).stats.tokens_per_second)
                 for spec in theirs:

@@ -28,6 +28,7 @@ import sysconfig
 from pathlib import Path
 
 from specdec_cli.chat import fim
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.engine.stats import Fold, collect
 from specdec_cli.models import store
 from specdec_cli.models.catalog import QWEN_DRAFT, QWEN_TARGET
@@ -59,8 +60,8 @@ def timed(session, tokens: list[int], drafter: str, n: int):
     """One run, the prompt cached up to the prefix's last few tokens: what an editor's next request after a keystroke
     finds (those tokens, the suffix after them and the middle marker are evaluated)."""
     cut = max(tokens.index(session.target.fim_tokens()["suf"]) - 10, 1)  # the prefix's end: what was typed
-    collect(session.generate(tokens[:cut], reuse=True, drafter="none", max_tokens=1, corpus=None))
-    return collect(session.generate(tokens, reuse=True, drafter=drafter, max_tokens=n, corpus=None))
+    collect(session.generate(tokens[:cut], Inputs(reuse=True, corpus=None), drafter="none", max_tokens=1))
+    return collect(session.generate(tokens, Inputs(reuse=True, corpus=None), drafter=drafter, max_tokens=n))
 
 
 def main() -> int:
@@ -136,7 +137,7 @@ def keystroke(s, files: str, seed: int, n: int) -> None:
     extra = [fim.Extra(Path(f).name, Path(f).read_text(errors="replace")[:6000]) for f in rng.sample(others, 4)]
     for label, chunks in (("no other files", []), ("4 other files", extra)):
         cold = s.infill_tokens(prefix, suffix, chunks)
-        first = collect(s.generate(cold, reuse=False, drafter="none", max_tokens=n, corpus=None))
+        first = collect(s.generate(cold, Inputs(reuse=False, corpus=None), drafter="none", max_tokens=n))
         fold = Fold()
         for event in s.generate(
             s.infill_tokens(prefix + "result = compute(val", suffix, chunks),

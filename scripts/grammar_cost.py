@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from specdec_cli.backend import grammar
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.cli.common import assemble, resolve
 from specdec_cli.engine.events import Round
 from specdec_cli.session import open_session
@@ -59,7 +60,9 @@ def main() -> int:
             tokens = s.prompt_tokens(p["prompt"])
             for d, tot in totals.items():
                 spent.update(seconds=0.0, masks=0)
-                rounds = [e for e in s.generate(tokens, drafter=d, gbnf=gbnf, corpus=None) if isinstance(e, Round)]
+                rounds = [
+                    e for e in s.generate(tokens, Inputs(corpus=None, grammar=gbnf), drafter=d) if isinstance(e, Round)
+                ]
                 tot[0] += len(rounds)
                 tot[1] += sum(r.seconds for r in rounds)
                 tot[2] += spent["seconds"]

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec_cli.bench import suite
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.drafting.cost import Costs
 from specdec_cli.engine.events import Round
 from specdec_cli.engine.stats import collect
@@ -127,7 +128,7 @@ def prediction_of(prompt: str) -> str:
 def _run(session, tokens: list[int], text: str, variant: str, n: int) -> dict:
     t0 = time.perf_counter()
     prediction = prediction_of(text) if variant == "auto+prediction" else None
-    events = session.generate(tokens, max_tokens=n, instruction=text, corpus=None, prediction=prediction)
+    events = session.generate(tokens, Inputs(instruction=text, corpus=None, prediction=prediction), max_tokens=n)
     rounds: list[Round] = []
     result = collect(events, lambda e: rounds.append(e) if isinstance(e, Round) else None)
     s = result.stats

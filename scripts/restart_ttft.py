@@ -176,12 +176,12 @@ def in_process(target: Path, threads: int, exact: bool, cache: Path, messages: l
     tokens: the prompt is built again, as the server built it) into an empty cache, then write them anew."""
     from specdec_cli.chat import Message
     from specdec_cli.engine.kv import Sequence
-    from specdec_cli.serve import prefixes
+    from specdec_cli import prefixes
     from specdec_cli.session import RunConfig, open_session
 
     os.environ["SPECDEC_PREFIX_CACHE"] = str(cache)
     with open_session(RunConfig(target=target, threads=threads, drafter="none", exact=exact)) as s:
-        prefixes.attach(s, prefixes.MAX_BYTES, print)
+        s.keep_prefixes(prefixes.MAX_BYTES, print)
         store = s.prefixes
         tokens = s.prompt_tokens(messages=[Message(m["role"], m["content"]) for m in messages])
         seq = Sequence.empty(s.target_ctx)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from specdec_cli.bench import suite
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.engine.events import Token
 from specdec_cli.engine.stats import collect
 from specdec_cli.models import store
@@ -99,11 +100,10 @@ def _run(session, tokens: list[int], text: str, drafter: str, n: int) -> dict:
 
     events = session.generate(
         tokens,
+        Inputs(instruction=text, corpus=None),
         drafter=drafter,
         draft_tokens=None if drafter != "none" else 4,
         max_tokens=n,
-        instruction=text,
-        corpus=None,
     )
     result = collect(events, on_event)
     wall = time.perf_counter() - t0

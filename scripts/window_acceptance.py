@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from specdec_cli.bench import suite
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.engine.stats import Stats, collect
 from specdec_cli.models import store
 from specdec_cli.models.catalog import QWEN_DRAFT, QWEN_TARGET
@@ -54,7 +55,7 @@ def main() -> None:
         for p in prompts:
             tokens = session.prompt_tokens(p.text)
             for w in windows:
-                s = collect(session.generate(tokens, draft_window=w, corpus=None)).stats
+                s = collect(session.generate(tokens, Inputs(corpus=None), draft_window=w)).stats
                 totals[w].append(s)
                 print(
                     f"{p.category:14} {len(tokens):5} tokens  window {w or 'whole':>5}: accept {s.accept_rate:.1%}, "

@@ -1,5 +1,5 @@
 """How a run option is declared: its Option (flags, type, help, checks, config types), the rules its checks
-spell, and the Typer parameter it becomes. options.py declares every option with these."""
+spell, and the Typer parameter it becomes. option_table.py declares every option with these."""
 
 from __future__ import annotations
 
@@ -59,6 +59,23 @@ class Option:
             annotation=Optional[self.type],
             default=typer.Option(None, *self.flags, help=self.help),
         )
+
+
+class _Said(str):
+    """A rule whose words depend on the value (Option.problem formats a rule with it): `said` gives one."""
+
+    def __new__(cls, problem: Callable[[Any], str | None]) -> _Said:
+        rule = super().__new__(cls, "{v}")
+        rule.problem = problem
+        return rule
+
+    def format(self, *args: Any, v: Any = None, **kwargs: Any) -> str:
+        return self.problem(v) or ""
+
+
+def said(problem: Callable[[Any], str | None]) -> Check:
+    """A check whose rule `problem(value)` words itself (None: the value passes), e.g. naming the devices there are."""
+    return (lambda v: problem(v) is None), _Said(problem)
 
 
 def option(*flags: str, type: Any, help: str, default: Any = None, default_factory: Any = MISSING, **rest: Any) -> Any:

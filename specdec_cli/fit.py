@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .backend import devices, gguf_file, memory
+from .backend import devices, gguf_file, layer_fit, memory
 from .backend.devices import Device, Offload
 from .backend.native import Model
 from .errors import UsageError
-from .options import CTX_SIZE, MIN_CTX
+from .option_limits import CTX_SIZE, MIN_CTX
 
 NO_GPU = "this llama.cpp sees no GPU (a build without a GPU backend?)"  # as llama.cpp warns, and goes on
 HEADROOM = 1 << 30  # what -ngl auto leaves free on each device: llama.cpp's --fit keeps 1 GiB (-fitt) for drivers
@@ -64,6 +64,23 @@ def check_memory(need: list[tuple[int, int, Offload | None]]) -> None:
             f"the contexts need {parts}, but only {_size(free)} of memory is available",
             hint="use a smaller -c/--ctx-size" + (" or -k (a snapshot per draft token)" if states else ""),
         )
+
+
+def check_pair(
+    plan: Plan, target: tuple[Model, int, int], draft: tuple[Model, int, int] | None, heads_bytes: int = 0
+) -> int:
+    """check_memory for a pair: each (model, context tokens, recurrent states it keeps) by the plan's placement, and
+    the target's MTP heads' cache (`heads_bytes`). Returns the draft's bytes (for its fit when it loads)."""
+
+    def need(m: Model, n_ctx: int, states: int) -> tuple[int, int]:
+        return n_ctx * m.kv_bytes_per_token(), m.state_bytes() * states
+
+    check_memory(
+        [(*need(*target), plan.target)]
+        + ([(*need(*draft), plan.draft)] if draft else [])
+        + ([(heads_bytes, 0, plan.target)] if heads_bytes else [])
+    )
+    return sum(need(*draft)) if draft else 0
 
 
 @dataclass(frozen=True)
@@ -166,17 +183,17 @@ def offload(
     path = gguf_file.check(path)  # a damaged header is one line here too
     if context_bytes is None:
         context_bytes = n_ctx * memory.kv_bytes_in_header(path) + memory.state_bytes(path)
-    shape = devices.shape(path, context_bytes, n_ctx)
-    points = devices.cuts(free, want.tensor_split if want.split_mode != "none" else None)
+    shape = layer_fit.shape(path, context_bytes, n_ctx)
+    points = layer_fit.cuts(free, want.tensor_split if want.split_mode != "none" else None)
     note = None
     if want.layers == "auto":
-        n = devices.most_layers(shape, points, [r - HEADROOM for r in room])
+        n = layer_fit.most_layers(shape, points, [r - HEADROOM for r in room])
         if n < shape.n:
             note = _auto_note(want, used, room, n, shape.n)
     else:
         n = shape.n if want.layers == "all" else min(want.layers, shape.n)
         _check(want, used, room, shape, points, n)
-    held = [(d.name, k, b) for d, (k, b) in zip(used, devices.need(shape, n, points)) if k]
+    held = [(d.name, k, b) for d, (k, b) in zip(used, layer_fit.need(shape, n, points)) if k]
     if want.split_mode == "tensor" and held:  # llama.cpp wraps the devices in one (its Meta backend), so named
         held = [(f"Meta({','.join(d.name for d in used)})", n, sum(b for _, _, b in held))]
     return Offload(tuple(want.devices), n, mode, want.main_gpu, want.tensor_split, shape.n, tuple(held)), note
@@ -220,9 +237,9 @@ def _free(d: Device) -> int:
 
 
 def _check(want: Want, used: list[Device], room: list[int], shape, points, n: int) -> None:
-    for d, r, (k, b) in zip(used, room, devices.need(shape, n, points)):
+    for d, r, (k, b) in zip(used, room, layer_fit.need(shape, n, points)):
         if b > r:
-            fits = devices.most_layers(shape, points, room)
+            fits = layer_fit.most_layers(shape, points, room)
             what = "layer needs" if k == 1 else f"{k} layers need"
             hint = f"use {want.flag} {fits} or less" if fits else f"use {want.flag} 0 (every layer on the CPU)"
             raise UsageError(

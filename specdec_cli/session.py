@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import functools
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Iterator
 
-from . import chat as chat_, drafting, fit
+from . import drafting, fit, prefixes
 from .backend import devices, gguf_file, mtp, native, rpc, vocab
 from .backend.context import Context
 from .backend.grammar import Grammar
 from .backend.native import Model
 from .drafting import cache as lookup_cache
-from .drafting import NEEDS, NEVER, cost, curves, measure
-from .drafting.mtp import HeadCache, unusable
+from .drafting import NEVER, cost, curves, measure
+from .drafting.mtp import HeadCache
 from .drafting.corpus import Corpus
+from .run_inputs import CACHED, Inputs
 from .engine import kv
 from .chat import fim, prompt
 from .chat.prompt import PromptTooLong  # noqa: F401 (re-exported: the server and tests catch it)
@@ -24,12 +25,9 @@ from .engine.events import Event, Prefilled
 from .engine.speculative import generate
 from .errors import SpecdecError, UsageError
 from .once import Once
-from .fit import check_memory, context_sizes
+from .fit import context_sizes
 from .text import with_text
 from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
-
-
-CACHED = Corpus([])  # Session.generate's default corpus: the lookup cache (a marker, never searched)
 
 
 def _seqs(model: Model, role: str) -> int:
@@ -45,8 +43,7 @@ class Session:
         """max_draft: the longest draft a run may send (default: -k, else auto's longest): a recurrent
         target keeps a snapshot of its state per draft token. lazy_draft: load the draft model at its first
         draft (a one-shot run's, or a batch's: a run that never drafts with it never loads it), not now."""
-        self.cfg = cfg
-        self._stack = stack
+        self.cfg, self._stack = cfg, stack
         t0 = time.perf_counter()
         # --rpc: the target's layers on the servers (and this machine's GPUs, as llama.cpp would); the draft
         # never leaves this machine (fit.wants). Where each model's layers go is decided before it loads.
@@ -71,56 +68,19 @@ class Session:
         self.draft: Model | None = None  # loaded, with its context, where it first drafts (`draft_context`)
         self.draft_ctx: Context | None = None
         self.draft_context = Once(self._load_draft)  # the draft's context, the model loaded at its first draft
-        # The draft's vocabulary and sizes, read without its weights: whether it pairs, what its cache costs.
-        self._draft_file = cfg.draft if cfg.draft and self.speculates else None
-        info = stack.enter_context(Model(self._draft_file, vocab_only=True)) if self._draft_file else None
-        why = vocab.incompatibility(self.target, info) if info is not None else None
-        if why and cfg.draft_chosen_by == "auto":  # chosen by its header: llama.cpp's own check has the last word
-            self.warnings.append(f"{info.name}, the draft chosen for {self.target.name}, cannot draft for it: {why}")
-            self._draft_file = info = None
-        elif why:
-            raise SpecdecError(
-                f"draft {info.name} cannot draft for target {self.target.name}: {why}",
-                hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
-            )
+        info = self._draft_info(cfg)
         # A draft whose cache cannot slide holds the whole text (drafting/window.py): a recurrent state, or
         # layers with a sliding window of their own.
         self.draft_slides = info is not None and not info.recurrent and not info.sliding_window
         self.draft_recurrent = info is not None and info.recurrent
         self.check_branches(cfg.branches, info)
-        n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, info)
         # The target drops a rejected tail of up to max_draft tokens: a recurrent target keeps that many
         # snapshots of its state (the verify batch of max_draft + 1 tokens holds them all).
         self.max_draft = max_draft or cfg.draft_tokens or AUTO_K_MAX
-        snapshots = self.max_draft if self.speculates and self.target.rollback == "snapshots" else 0
-        seqs = _seqs(self.target, "target")
-        draft_seqs = MAX_BRANCHES if info is not None and not info.recurrent else 2
-        target_need = (n_ctx * self.target.kv_bytes_per_token(), self.target.state_bytes() * (1 + snapshots) * seqs)
-        draft_need = (draft_n_ctx * info.kv_bytes_per_token(), info.state_bytes() * draft_seqs) if info else (0, 0)
-        self._draft_bytes = sum(draft_need)  # its KV cache and states, for its fit when it loads
-        check_memory(  # each context's share in this machine's memory: the rest goes with the offloaded layers
-            [(*target_need, plan.target)]
-            + ([(*draft_need, plan.draft)] if info else [])
-            + ([(mtp.kv_bytes(self.target, n_ctx, self.mtp_layers), 0, plan.target)] if self.target.heads else [])
-        )
-        # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: ModelDrafter caps a tree's nodes
-        # at MAX_DRAFT_TOKENS (max_nodes, below).
-        self._ctx = dict(n_threads=cfg.threads, max_outputs=MAX_DRAFT_TOKENS + 1)
-        with native.capture() as made:
-            self.target_ctx = stack.enter_context(
-                Context(self.target, n_ctx=n_ctx, n_seq=seqs, snapshots=snapshots, **self._ctx)
-            )
-        self.placement = {"target": fit.placement(self.target, made), "draft": None}  # where the layers went
-        self._draft_ctx_args = dict(n_ctx=draft_n_ctx, n_seq=draft_seqs)
-        paths = [cfg.target] + ([self._draft_file] if self._draft_file else [])
-        where = self.where + fit.layout(plan)  # a curve measured with other layers offloaded is another's
-        about = curves.about(paths, cfg.threads, cfg.exact, where, AUTO_K_MAX + 1)
-        key = curves.key(about)
-        kept = curves.load(key, self.warnings.append) if self.speculates and not cfg.remeasure else None
-        draft = self.draft_context if self._draft_file else None
-        self.curve = measure.Curve(self.target_ctx, draft, AUTO_K_MAX + 1, key=key, kept=kept, about=about)
+        self.target_ctx = self._contexts(cfg, plan, info)
+        self.curve = self._curve(cfg, plan)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
-        self.prefixes = None  # a server's long prompts kept on disk (serve/prefixes.py), restored where reused
+        self.prefixes: prefixes.Store | None = None  # a server's long prompts on disk (keep_prefixes)
         self._salt: str | None = None  # the cache_salt of the run whose cells the caches keep (reused by its own)
         # A recurrent draft's state is probed with its weights (memory.rollback): it is loaded now.
         if self._draft_file and (not lazy_draft or self.draft_recurrent):
@@ -134,6 +94,51 @@ class Session:
                 "--drafter none at near-ties"
             )
         self.load_seconds = time.perf_counter() - t0
+
+    def _draft_info(self, cfg: RunConfig) -> Model | None:
+        """The draft's vocabulary and sizes, read without its weights: whether it pairs, what its cache costs."""
+        self._draft_file = cfg.draft if cfg.draft and self.speculates else None
+        info = self._stack.enter_context(Model(self._draft_file, vocab_only=True)) if self._draft_file else None
+        why = vocab.incompatibility(self.target, info) if info is not None else None
+        if why and cfg.draft_chosen_by == "auto":  # chosen by its header: llama.cpp's own check has the last word
+            self.warnings.append(f"{info.name}, the draft chosen for {self.target.name}, cannot draft for it: {why}")
+            self._draft_file = info = None
+        elif why:
+            raise SpecdecError(
+                f"draft {info.name} cannot draft for target {self.target.name}: {why}",
+                hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
+            )
+        return info
+
+    def _contexts(self, cfg: RunConfig, plan: fit.Plan, info: Model | None) -> Context:
+        """The target's context, once both contexts' sizes are known and fit this machine's memory."""
+        n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, info)
+        snapshots = self.max_draft if self.speculates and self.target.rollback == "snapshots" else 0
+        seqs = _seqs(self.target, "target")
+        draft_seqs = MAX_BRANCHES if info is not None and not info.recurrent else 2
+        heads_bytes = mtp.kv_bytes(self.target, n_ctx, self.mtp_layers) if self.target.heads else 0
+        target, draft = (self.target, n_ctx, (1 + snapshots) * seqs), (info, draft_n_ctx, draft_seqs) if info else None
+        self._draft_bytes = fit.check_pair(plan, target, draft, heads_bytes)  # for the draft's fit when it loads
+        # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: ModelDrafter caps a tree's nodes
+        # at MAX_DRAFT_TOKENS (max_nodes, below).
+        self._ctx = dict(n_threads=cfg.threads, max_outputs=MAX_DRAFT_TOKENS + 1)
+        self._draft_ctx_args = dict(n_ctx=draft_n_ctx, n_seq=draft_seqs)
+        with native.capture() as made:
+            ctx = self._stack.enter_context(
+                Context(self.target, n_ctx=n_ctx, n_seq=seqs, snapshots=snapshots, **self._ctx)
+            )
+        self.placement = {"target": fit.placement(self.target, made), "draft": None}  # where the layers went
+        return ctx
+
+    def _curve(self, cfg: RunConfig, plan: fit.Plan) -> measure.Curve:
+        """The cost curve of this pair on this machine: kept from an earlier run, or measured at the first need."""
+        paths = [cfg.target] + ([self._draft_file] if self._draft_file else [])
+        where = self.where + fit.layout(plan)  # a curve measured with other layers offloaded is another's
+        about = curves.about(paths, cfg.threads, cfg.exact, where, AUTO_K_MAX + 1)
+        key = curves.key(about)
+        kept = curves.load(key, self.warnings.append) if self.speculates and not cfg.remeasure else None
+        draft = self.draft_context if self._draft_file else None
+        return measure.Curve(self.target_ctx, draft, AUTO_K_MAX + 1, key=key, kept=kept, about=about)
 
     @property
     def has_draft(self) -> bool:
@@ -169,109 +174,48 @@ class Session:
         return drafter
 
     def check_branches(self, branches: int, draft: Model | None = None) -> None:
-        recurrent = [m for m in (self.target, draft or self.draft) if m is not None and m.recurrent]
-        if branches > 1 and recurrent:
-            raise UsageError(
-                f"--branches {branches}: tree drafting forks every branch's state, and {recurrent[0].name} "
-                f"({recurrent[0].architecture}) keeps a recurrent state that specdec does not fork for trees",
-                hint="use --branches 1 (chains speculate on it)",
-            )
+        drafting.check_branches(branches, [m for m in (self.target, draft or self.draft) if m is not None])
 
     def able(self, drafter: str) -> str:
-        """`drafter` where the target can roll back; elsewhere plain decoding for a drafter that falls back to
-        it (auto), and an error for the others."""
-        kind = drafting.kind(drafter)
-        why = unusable(self.target.name, self.mtp_layers, self.target.heads) if kind.heads == NEEDS else None
-        if why:  # (auto drafts without them)
-            raise UsageError(f"--drafter {drafter}: {why[0]}", hint=why[1])
-        problem = not kind.plain and self.target.rollback_problem()
-        if problem and not kind.falls_back:
-            plain = drafting.plain()
-            raise UsageError(
-                f"--drafter {drafter}: target {self.target.name} cannot speculate: {problem}",
-                hint=f"use --drafter {plain} (or one that decodes it plainly: "
-                + ", ".join(k.name for k in drafting.DRAFTERS.values() if k.falls_back)
-                + ")",
-            )
-        return drafting.plain() if problem else drafter
+        """`drafter` where this target can draft with it (drafting.able: plain decoding, or an error, elsewhere)."""
+        return drafting.able(drafter, self.target, self.mtp_layers)
 
     @property
     def uses_chat(self) -> bool:
         return prompt.uses_chat(self.target, self.cfg.chat)
 
-    def prompt_tokens(
-        self,
-        text: str = "",
-        *,
-        messages: list[chat_.Message] | None = None,
-        tools: chat_.Tools | None = None,
-        chat: bool | None = None,
-    ) -> list[int]:
-        """The prompt's tokens for this target and context (chat/prompt.py), with --chat and --system."""
-        return prompt.prompt_tokens(
-            self.target,
-            self.target_ctx.n_ctx,
-            text,
-            messages=messages,
-            tools=tools,
-            chat=chat,
-            configured_chat=self.cfg.chat,
-            system=self.cfg.system,
-        )
+    def prompt_tokens(self, text: str = "", **kw) -> list[int]:
+        """The prompt's tokens for this target and context, with --chat and --system (chat/prompt.py: `messages`,
+        `tools`, `chat`)."""
+        n_ctx, chat, system = self.target_ctx.n_ctx, self.cfg.chat, self.cfg.system
+        return prompt.prompt_tokens(self.target, n_ctx, text, **kw, configured_chat=chat, system=system)
 
     def infill_tokens(self, prefix: str, suffix: str, extra: list[fim.Extra] = (), text: str = "") -> list[int]:
         """A fill-in-the-middle prompt's tokens for this target and context (chat/prompt.py)."""
         return prompt.infill_tokens(self.target, self.target_ctx.n_ctx, prefix, suffix, extra, text)
 
-    def generate(
-        self,
-        tokens: list[int],
-        *,
-        instruction: str = "",
-        corpus: Corpus | None = CACHED,
-        reuse: bool = False,
-        trigger=None,
-        prediction: str | None = None,
-        salt: str | None = None,
-        **changes,
-    ) -> Iterator[Event]:
-        """Run the engine on prompt tokens. `changes`: settings of this run other than the session's
-        (RunConfig.override, checked by the options' rules): a request's, a bench row's; drafter="none"
-        decodes target-only even with a draft loaded (like-for-like baselines).
-        Lookup's sources: `instruction`, the user's prompt (the names it mentions are where the answer
-        edits), and `corpus`, earlier answers: the lookup cache unless given (the bench brings its own).
-        `reuse`: keep what both caches hold of this prompt from the run before (a server's chat turns);
-        Prefilled.cached says how much. `trigger`: the grammar (gbnf) applies from there on (a tool call's
-        opening marker, with tool_choice "auto"), LazyState. `prediction`: text the answer is expected to repeat
-        (OpenAI's predicted outputs; default: the --prediction file's), lookup's first source, counted in Stats.
-        `salt`: a request's cache_salt: a run reuses only cells of runs with the same salt (in memory and on disk),
-        so that a client cannot learn from Prefilled.cached, or from the time, what another namespace asked."""
+    def generate(self, tokens: list[int], inputs: Inputs = Inputs(), **changes) -> Iterator[Event]:
+        """Run the engine on prompt tokens, reading `inputs` (run_inputs.py: the instruction, corpus, reuse, grammar,
+        prediction, salt). `changes`: settings of this run other than the session's (RunConfig.override, checked
+        by the options' rules): a request's, a bench row's; drafter="none" decodes target-only even with a draft
+        loaded (like-for-like baselines)."""
         run = self.cfg.override(**changes)
         self.check_branches(run.branches)
         name = self.able(run.drafter) if "drafter" in changes else self.drafter
-        corpus = self.lookup_corpus(salt) if corpus is CACHED else corpus
-        prediction = prediction if prediction is not None else run.prediction_text
-        return self._run(name, run, tokens, instruction, corpus, reuse, trigger, prediction, salt)
+        corpus = self.lookup_corpus(inputs.salt) if inputs.corpus is CACHED else inputs.corpus
+        prediction = inputs.prediction if inputs.prediction is not None else run.prediction_text
+        return self._run(name, run, tokens, replace(inputs, corpus=corpus, prediction=prediction))
 
-    def _run(
-        self,
-        name: str,
-        run: RunConfig,
-        tokens: list[int],
-        instruction: str,
-        corpus: Corpus | None,
-        reuse: bool,
-        trigger=None,
-        prediction: str | None = None,
-        salt: str | None = None,
-    ) -> Iterator[Event]:
+    def _run(self, name: str, run: RunConfig, tokens: list[int], inputs: Inputs) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other. The
         # user waits for the set-up too: its time is the prefill's (Prefilled.seconds).
         t0 = time.perf_counter()
+        reuse, salt = inputs.reuse, inputs.salt
         self.kept.begin(fit=reuse or not run.exact)  # exact mode's prompt cells differ without reuse (below)
         # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
-        grammar = Grammar(self.target, run.gbnf, trigger) if run.gbnf else None
+        gbnf = inputs.grammar if inputs.grammar is not None else run.gbnf
+        grammar = Grammar(self.target, gbnf, inputs.trigger) if gbnf else None
         # Another namespace's cells are not reused (taken empty), though this run's may serve its own next run.
         own, self._salt = salt == self._salt, salt
         draft = (lambda: self.kept.take(self.draft_context(), tokens, reuse and own)) if self._draft_file else None
@@ -279,32 +223,24 @@ class Session:
             self.heads.made.heads.detach()
         heads = self.heads if self.target.heads and drafting.kind(name).heads != NEVER else None
         tokenize = functools.partial(self.target.tokenize, special=False)  # as the answer's text tokenizes
-        predicted = tuple(tokenize(prediction)) if prediction is not None else None
-        drafter = drafting.build(
-            name,
-            drafting.Sources(
-                k=run.draft_tokens,
-                costs=functools.partial(self.curve.get, tokens),
-                draft=draft,
-                draft_loaded=lambda: self.draft_ctx is not None,
-                heads=heads,
-                is_eog=self.target.is_eog,
-                p_min=run.p_min,
-                branches=run.branches,
-                p_split=run.p_split,
-                max_nodes=MAX_DRAFT_TOKENS,
-                vocab=self.target.n_vocab,
-                window=run.draft_window or None if self.draft_slides else None,
-                max_tokens=run.max_tokens,
-                lookup_branches=MAX_BRANCHES if self.target.rollback == "cells" else 1,
-                instruction=instruction,
-                corpus=corpus,
-                prediction=predicted or (),
-                tokenize=tokenize,
-                grammar=grammar.start if grammar else None,
-                piece=self.target.piece,
-            ),
+        predicted = tuple(tokenize(inputs.prediction)) if inputs.prediction is not None else None
+        sources = drafting.for_run(
+            run,
+            self.target,
+            costs=functools.partial(self.curve.get, tokens),
+            draft=draft,
+            draft_loaded=lambda: self.draft_ctx is not None,
+            heads=heads,
+            slides=self.draft_slides,
+            tokenize=tokenize,
+            instruction=inputs.instruction,
+            corpus=inputs.corpus,
+            prediction=predicted or (),
+            grammar=grammar.start if grammar else None,
+            max_nodes=MAX_DRAFT_TOKENS,
+            max_leaves=MAX_BRANCHES,
         )
+        drafter = drafting.build(name, sources)
         main = self.kept.take(self.target_ctx, tokens, reuse and own)
         if reuse and self.prefixes is not None:  # the prompt's saved blocks, where they reach further (and kept)
             self.prefixes.restore(main, tokens, salt)
@@ -336,26 +272,27 @@ class Session:
         if self._looks_up:
             self.answers.remember(answer, salt)
 
+    def keep_prefixes(
+        self, max_bytes: int, warn: prefixes.Warn, api_key: str | None = None, lifetime: float = prefixes.LIFETIME
+    ) -> str | None:
+        """A server's: long prompts' cells kept on disk (prefixes/), restored where a prompt reuses them, bounded by
+        `max_bytes`, namespaced by `api_key`; the reason where this target cannot have them (None: it has)."""
+        key = prefixes.model_key(self.cfg, self.where)
+        store = prefixes.opened(self.target, self.target_ctx, key, max_bytes, warn, api_key, lifetime)
+        if isinstance(store, str):
+            return store
+        self.prefixes = store
+        return None
+
     def keep_prompt(self, deadline: float = float("inf")) -> None:
-        """The last prompt's blocks to the prefix store (a server's, serve/prefixes.py), where it has one and the
-        prompt's cells are still held; by `deadline` (time.monotonic())."""
-        store = self.prefixes
-        if store is None or store.pending is None:
-            return
-        (tokens, salt), seq = store.pending, self.kept.held(self.target_ctx)  # (seq None: emptied since)
-        try:
-            if seq is not None:
-                store.save(seq, tokens, salt, deadline)
-        except Exception:  # (a signal that cuts it leaves the prompt pending, for a stop's last write)
-            store.pending = None
-            raise
-        store.pending = None
+        """The last prompt's blocks to the prefix store (keep_prefixes), where it has one and the prompt's cells are
+        still held; by `deadline` (time.monotonic())."""
+        if self.prefixes is not None:
+            self.prefixes.keep(self.kept.held(self.target_ctx), deadline)
 
     def unsaved_blocks(self) -> int:
         """How many of the last prompt's blocks `keep_prompt` would write."""
-        store = self.prefixes
-        seq = self.kept.held(self.target_ctx) if store is not None and store.pending is not None else None
-        return store.unsaved(seq, *store.pending) if seq is not None else 0
+        return self.prefixes.unkept(self.kept.held(self.target_ctx)) if self.prefixes is not None else 0
 
     @property
     def _looks_up(self) -> bool:
@@ -375,21 +312,8 @@ def _with_setup(events: Iterator[Event], seconds: float, predicted: tuple[int, .
         yield replace(event, seconds=event.seconds + seconds, prediction=n) if isinstance(event, Prefilled) else event
 
 
-class open_session:
-    """Context manager: `with open_session(cfg) as s: ...`; frees everything on the way out."""
-
-    def __init__(self, cfg: RunConfig, max_draft: int | None = None, lazy_draft: bool = False):
-        self.cfg = cfg
-        self.max_draft = max_draft
-        self.lazy_draft = lazy_draft
-        self._stack = ExitStack()
-
-    def __enter__(self) -> Session:
-        try:
-            return Session(self.cfg, self._stack, self.max_draft, self.lazy_draft)
-        except BaseException:
-            self._stack.close()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+@contextmanager
+def open_session(cfg: RunConfig, max_draft: int | None = None, lazy_draft: bool = False) -> Iterator[Session]:
+    """`with open_session(cfg) as s: ...`: a Session that frees everything on the way out (contexts before models)."""
+    with ExitStack() as stack:
+        yield Session(cfg, stack, max_draft, lazy_draft)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from tiny_models import write_fixture_set  # noqa: E402
 from specdec_cli.drafting import cost as costmodel  # noqa: E402
 from specdec_cli.drafting import measure as measurement  # noqa: E402
 from specdec_cli.models import store  # noqa: E402
+from specdec_cli.run_inputs import Inputs  # noqa: E402
 from specdec_cli.models.catalog import GEMMA3, QWEN_DRAFT, QWEN_TARGET, SMOLLM2, KnownModel  # noqa: E402
 from specdec_cli.engine.stats import Stats, collect  # noqa: E402
 from specdec_cli.session import RunConfig, open_session  # noqa: E402
@@ -105,8 +107,16 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 def run_engine(session, prompt: str, **overrides):
     """Generate through an open session; return (token ids, Stats, text)."""
-    r = collect(session.generate(session.prompt_tokens(prompt), **overrides))
+    inputs, settings = split_inputs(overrides)
+    r = collect(session.generate(session.prompt_tokens(prompt), inputs, **settings))
     return r.tokens, r.stats, r.text
+
+
+def split_inputs(overrides: dict) -> tuple[Inputs, dict]:
+    """A run's keywords as Session.generate takes them: its inputs (`gbnf`: a request's grammar), its settings."""
+    names = {f.name for f in dataclasses.fields(Inputs)}
+    given = {("grammar" if k == "gbnf" else k): v for k, v in overrides.items() if k in names or k == "gbnf"}
+    return Inputs(**given), {k: v for k, v in overrides.items() if k not in names and k != "gbnf"}
 
 
 def sample_counts(session, prompt: str, n: int, **overrides) -> tuple[dict, Stats]:
@@ -114,7 +124,8 @@ def sample_counts(session, prompt: str, n: int, **overrides) -> tuple[dict, Stat
     tokens = session.prompt_tokens(prompt)
     counts, parts = {}, []
     for seed in range(n):
-        r = collect(session.generate(tokens, seed=seed, **overrides))
+        inputs, settings = split_inputs(overrides)
+        r = collect(session.generate(tokens, inputs, seed=seed, **settings))
         counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
         parts.append(r.stats)
     return counts, Stats.combine(parts)

@@ -11,7 +11,7 @@ from conftest import config, run_engine
 from test_cli import one_line_error, specdec
 from specdec_cli.engine.events import Notice
 from specdec_cli.engine.stats import collect
-from specdec_cli.options import CTX_SIZE
+from specdec_cli.option_limits import CTX_SIZE
 from specdec_cli.session import open_session
 
 

@@ -10,7 +10,8 @@ from conftest import run_engine, same_distribution, sample_counts
 from specdec_cli.drafting.auto import AutoDrafter
 from specdec_cli.drafting.cost import Costs, best_length, expected_tokens
 from specdec_cli.engine.drafter import Draft, Outcome
-from specdec_cli.drafting.lookup import LookupDrafter, longest_match
+from specdec_cli.drafting.lookup import LookupDrafter
+from specdec_cli.drafting.matches import longest_match
 from specdec_cli.engine.sampling import Sampler
 
 GREEDY = Sampler()

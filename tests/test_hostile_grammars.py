@@ -11,7 +11,6 @@ import random
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 from test_constraint import cli, one_line_error
@@ -25,7 +24,7 @@ from specdec_cli.backend.schema import schema_to_gbnf
 from specdec_cli.chat import calls
 from specdec_cli.chat.messages import Tool, Tools
 from specdec_cli.errors import UsageError
-from specdec_cli.serve.service import Service
+from specdec_cli.serve import toolcalls
 
 DEEP = 60_000  # the issue's request: SIGSEGV in llama.cpp's parser (30,000 too; 10,000 parsed)
 
@@ -160,10 +159,9 @@ UNCONVERTIBLE = {  # real schemas' features the converter refuses (each tried ag
 WEATHER = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
 
 
-def tool_grammar(tools: Tools) -> dict:
-    """Service._tool_grammar for a Hermes template, without a loaded model."""
-    fake = SimpleNamespace(call_format=lambda req: calls.FORMATS["hermes"])
-    return Service._tool_grammar(fake, SimpleNamespace(tools=tools))
+def tool_grammar(tools: Tools) -> calls.Constraint:
+    """The calls' grammar for a Hermes template, without a loaded model."""
+    return toolcalls.constraint(tools, calls.FORMATS["hermes"])
 
 
 @pytest.mark.parametrize("feature", sorted(UNCONVERTIBLE))
@@ -172,8 +170,8 @@ def test_a_tool_schema_the_converter_cannot_express_loosens_that_tool_alone(feat
     monkeypatch.setattr(ui, "warning", warned.append)
     bad = Tool("odd_tool", "", UNCONVERTIBLE[feature])
     out = tool_grammar(Tools((WEATHER, bad), choice="required"))
-    check(out["gbnf"])
-    assert '\\"city\\"' in out["gbnf"]  # the other tool keeps its schema
+    check(out.gbnf)
+    assert '\\"city\\"' in out.gbnf  # the other tool keeps its schema
     assert len(warned) == 1 and "odd_tool" in warned[0] and "get_weather" not in warned[0], warned
 
 
@@ -196,7 +194,7 @@ def test_a_tools_own_definitions_are_kept_as_pydantic_writes_them(monkeypatch):
         "type": "object",
         "properties": {"u": {"$ref": "#/definitions/Unit"}},
     }
-    gbnf = tool_grammar(Tools((Tool("forecast", "", where), Tool("convert", "", other)), choice="required"))["gbnf"]
+    gbnf = tool_grammar(Tools((Tool("forecast", "", where), Tool("convert", "", other)), choice="required")).gbnf
     check(gbnf)
     assert warned == []
     assert "celsius" in gbnf and "kelvin" in gbnf  # both tools' Unit, apart

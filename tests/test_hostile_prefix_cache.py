@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 
 from specdec_cli import signals
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.engine.events import Prefilled
 from specdec_cli.engine.stats import Fold
-from specdec_cli.serve import api, llama, messages, prefixes, responses
-from specdec_cli.serve.prefixes import BLOCK
+from specdec_cli import prefixes
+from specdec_cli.serve import api, llama, messages, responses
+from specdec_cli.prefixes import BLOCK
 from specdec_cli.serve.service import Service
 from specdec_cli.session import open_session
 from test_prefix_store import SYSTEM, blocks, cold, pair, start
@@ -36,14 +38,13 @@ class Server:
         self._cm = open_session(cfg)
         self.session = self._cm.__enter__()
         kw |= {"api_key": api_key} if api_key else {}  # (only where given: the tests run on version 1 too)
-        assert prefixes.attach(self.session, max_bytes, self.warnings.append, **kw) is None
+        assert self.session.keep_prefixes(max_bytes, self.warnings.append, **kw) is None
         self.service = Service(self.session, "m", {"m"}, 1)
 
     def ask(self, prompt: str, salt: str | None = None, keep: bool = True) -> tuple[list[int], int]:
         """(answer's token ids, prompt tokens the caches held before the prefill: prompt_tokens_cached)."""
         fold = Fold()
-        salted = {"salt": salt} if salt is not None else {}
-        for event in self.session.generate(self.session.prompt_tokens(prompt), reuse=True, **salted):
+        for event in self.session.generate(self.session.prompt_tokens(prompt), Inputs(reuse=True, salt=salt)):
             fold.add(event)
         if keep:
             self.service._keep_prompt()  # what the server's work loop does once the answer is out
@@ -104,7 +105,7 @@ def test_a_secret_file_readable_by_others_turns_the_cache_off(models, own_prefix
         pass
     (own_prefix_cache / prefixes.SECRET).chmod(0o644)
     with open_session(pair(models)) as s:
-        why = prefixes.attach(s, prefixes.MAX_BYTES, print)
+        why = s.keep_prefixes(prefixes.MAX_BYTES, print)
     assert "is not private to this user (mode 0644" in why and s.prefixes is None
 
 
@@ -135,7 +136,7 @@ def test_the_cells_kept_in_memory_serve_only_the_same_namespace(models, own_pref
         short = s.prompt_tokens(SYSTEM[:300])  # (too short to be kept on disk anyway)
 
         def cached(salt):
-            events = list(s.generate(short, reuse=True, salt=salt))
+            events = list(s.generate(short, Inputs(reuse=True, salt=salt)))
             return next(e.cached for e in events if isinstance(e, Prefilled))
 
         assert cached("alice") == 0
@@ -399,6 +400,6 @@ def test_a_cache_folder_of_another_user_turns_the_cache_off(models, own_prefix_c
     own_prefix_cache.mkdir(parents=True, exist_ok=True)
     os.chown(own_prefix_cache, 65534, 65534)
     with open_session(pair(models)) as session:
-        why = prefixes.attach(session, prefixes.MAX_BYTES, lambda m: None)
+        why = session.keep_prefixes(prefixes.MAX_BYTES, lambda m: None)
     assert why is not None and "not a folder of this user's" in why and session.prefixes is None
     assert not (own_prefix_cache / prefixes.SECRET).exists()

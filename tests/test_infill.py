@@ -159,7 +159,7 @@ def test_n_indent_ends_the_text_where_a_line_leaves_the_block(pieces, n, expecte
 def test_lookup_drafts_the_code_after_the_cursor_where_the_middle_rejoins_it(vocab):
     """The suffix is in the prompt (after the prefix, before the middle marker): a completion that has written the
     suffix's first line is drafted the rest of it, as lookup drafts from the prompt."""
-    from specdec_cli.drafting.lookup import occurrences
+    from specdec_cli.drafting.matches import occurrences
 
     m = vocab["fim"]
     suffix = "\n    return total\n\n\nprint(total_of([1, 2]))\n"

@@ -19,7 +19,8 @@ import pytest
 from specdec_cli.engine.stats import Stats
 from specdec_cli.serve import service as service_module
 from specdec_cli.serve.http import Server
-from specdec_cli.serve.service import Finished, Service
+from specdec_cli.serve.items import Finished
+from specdec_cli.serve.service import Service
 
 PREFILL = 0.6  # seconds the fake generation takes before its first piece
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import config, run_engine
 
 from specdec_cli.drafting import cache as lookup_cache
-from specdec_cli.serve import prefixes
+from specdec_cli import prefixes
 from specdec_cli.session import open_session
 
 KEY = "0123456789abcdef"

@@ -9,7 +9,8 @@ import pytest
 from specdec_cli.drafting.auto import AutoDrafter
 from specdec_cli.drafting.cost import Costs, best_tree
 from specdec_cli.engine.drafter import Draft, Outcome
-from specdec_cli.drafting.lookup import Candidate, LookupDrafter, occurrences
+from specdec_cli.drafting.lookup import Candidate, LookupDrafter
+from specdec_cli.drafting.matches import occurrences
 from specdec_cli.engine.sampling import Sampler
 from specdec_cli.engine.shapes import Tree
 from specdec_cli.drafting.hints import hints_in, renames_in

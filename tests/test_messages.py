@@ -13,8 +13,9 @@ from test_serve import Served
 
 from specdec_cli.engine.stats import Stats
 from specdec_cli.serve.body import ApiError
-from specdec_cli.serve.messages import error, parse, response, stream
-from specdec_cli.serve.service import Finished
+from specdec_cli.serve.items import Finished
+from specdec_cli.serve.messages import error, parse, response, shape
+from specdec_cli.serve.stream import Stream
 
 MODEL = "smollm2-135m-instruct-q4_1"
 GREEDY = {"temperature": 0}  # the SDK no longer names sampling fields; the API still takes them
@@ -239,8 +240,8 @@ def test_output_config_format_is_a_grammar_and_its_effort_is_ignored():
     req = parse(
         "messages", {**GOOD, "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": schema}}}
     )
-    assert "ok" in req.settings["gbnf"]
-    assert "gbnf" not in parse("messages", {**GOOD, "output_config": {"effort": "low"}}).settings
+    assert "ok" in req.grammar and "gbnf" not in req.settings
+    assert parse("messages", {**GOOD, "output_config": {"effort": "low"}}).grammar is None
     for bad in [{"format": {"type": "json_schema"}}, {"format": "json"}, "high"]:
         with pytest.raises(ApiError) as e:
             parse("messages", {**GOOD, "output_config": bad})
@@ -274,15 +275,18 @@ def test_responses_and_stop_reasons_parse_as_the_sdk_models_them():
 def test_a_stream_cut_by_an_error_ends_with_an_error_event_and_a_client_that_left_gets_no_end():
     req = parse("messages", GOOD)
 
+    def stream(items) -> list:  # the one stream loop, in Anthropic's shape
+        return list(Stream(shape(req, "msg_1", MODEL), "messages").events(items))
+
     def cut(exc):
         yield "Hel"
         raise exc
 
     for exc, kind in [(ApiError(503, "the server is shutting down"), "overloaded_error"), (KeyError("x"), "api_error")]:
-        events = list(stream(req, "msg_1", MODEL, cut(exc)))
+        events = stream(cut(exc))
         assert [n for n, _ in events][-2:] == ["content_block_delta", "error"]
         assert events[-1][1] == {"type": "error", "error": {"type": kind, "message": events[-1][1]["error"]["message"]}}
-    left = [n for n, _ in stream(req, "msg_1", MODEL, iter(["Hel"]))]
+    left = [n for n, _ in stream(iter(["Hel"]))]
     assert "message_stop" not in left and "message_delta" not in left
     assert error(ApiError(413, "big"))["error"]["type"] == "request_too_large"
     assert error(ApiError(500, "bug")) == {"type": "error", "error": {"type": "api_error", "message": "bug"}}

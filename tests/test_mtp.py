@@ -16,6 +16,7 @@ import pytest
 from conftest import config, run_engine, same_distribution, sample_counts
 
 from specdec_cli import drafting
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.backend import mtp as backend
 from specdec_cli.cli import main
 from specdec_cli.drafting.mtp import MAX_LAG, PROMPT_ROWS, HeadCache, MtpDrafter
@@ -255,7 +256,7 @@ def test_the_heads_keep_what_a_servers_next_turn_shares(models):
         expected = [run_engine(alone, text, drafter="none")[0] for text, _, _ in turns]
     with open_session(config(models, None, target=models["mtp_one"], drafter="auto", max_tokens=24)) as s:
         for (text, drafter, k), want in zip(turns, expected):
-            r = collect(s.generate(s.prompt_tokens(text), drafter=drafter, draft_tokens=k, reuse=True))
+            r = collect(s.generate(s.prompt_tokens(text), Inputs(reuse=True), drafter=drafter, draft_tokens=k))
             assert r.tokens == want, (text, drafter)
         assert r.stats.by_drafter["mtp"].drafted > 0
         assert s.heads().end > len(s.prompt_tokens(first))  # the last turn's answer is in the heads' cells

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from specdec_cli import config, fit
-from specdec_cli.backend import devices, gguf_file, native
-from specdec_cli.backend.devices import GPU, Device, Shape
+from specdec_cli.backend import devices, gguf_file, layer_fit, native
+from specdec_cli.backend.devices import GPU, Device
+from specdec_cli.backend.layer_fit import Shape
 from specdec_cli.errors import SpecdecError, UsageError
 from test_cli import one_line_error, specdec
 
@@ -100,30 +101,30 @@ def test_a_pair_sets_the_offload_options_and_a_bad_one_names_its_key(tmp_path):
 # --- the arithmetic: llama.cpp's assignment, and how many layers fit ------------------------------------
 def test_layers_are_cut_between_devices_as_llama_cpp_cuts_them():
     """The last n of n_layer + 1 layers, the output layer among them; split at the cumulative proportions."""
-    assert devices.assign(29, 29, devices.cuts([1, 1], None)) == [0] * 15 + [1] * 14
-    assert devices.assign(29, 29, devices.cuts([80, 80], (3, 1))) == [0] * 22 + [1] * 7
-    assert devices.assign(29, 29, devices.cuts([30 << 30, 10 << 30], None)) == [0] * 22 + [1] * 7  # by free memory
-    assert devices.assign(29, 99, devices.cuts([1], None)) == [0] * 29  # more than there are: every layer
-    assert devices.assign(29, 0, devices.cuts([1], None)) == []
+    assert layer_fit.assign(29, 29, layer_fit.cuts([1, 1], None)) == [0] * 15 + [1] * 14
+    assert layer_fit.assign(29, 29, layer_fit.cuts([80, 80], (3, 1))) == [0] * 22 + [1] * 7
+    assert layer_fit.assign(29, 29, layer_fit.cuts([30 << 30, 10 << 30], None)) == [0] * 22 + [1] * 7  # by free memory
+    assert layer_fit.assign(29, 99, layer_fit.cuts([1], None)) == [0] * 29  # more than there are: every layer
+    assert layer_fit.assign(29, 0, layer_fit.cuts([1], None)) == []
 
 
 def test_one_offloaded_layer_is_the_output_layer():
     s = Shape(weights=(100,) * 28 + (500,), context=(10,) * 28 + (0,), compute=7)
-    assert devices.need(s, 1, [1.0]) == [(1, 500 + 7)]  # the output layer and a compute buffer
-    assert devices.need(s, 2, [1.0]) == [(2, 500 + 100 + 10 + 7)]
-    assert devices.need(s, 0, [1.0]) == [(0, 0)]
+    assert layer_fit.need(s, 1, [1.0]) == [(1, 500 + 7)]  # the output layer and a compute buffer
+    assert layer_fit.need(s, 2, [1.0]) == [(2, 500 + 100 + 10 + 7)]
+    assert layer_fit.need(s, 0, [1.0]) == [(0, 0)]
 
 
 def test_the_most_layers_that_fit_each_device():
     """A 28-layer model of 300 MiB layers, 30 MiB of KV cache each and a 500 MiB output layer."""
     s = Shape(weights=(300 * MIB,) * 28 + (500 * MIB,), context=(30 * MIB,) * 28 + (0,), compute=300 * MIB)
-    assert devices.most_layers(s, [1.0], [10 << 30]) == 29  # 9.5 GiB: every layer
+    assert layer_fit.most_layers(s, [1.0], [10 << 30]) == 29  # 9.5 GiB: every layer
     # 6 GiB: 800 MiB for the output layer and the compute buffer, then 330 MiB per layer: 16 more
-    assert devices.most_layers(s, [1.0], [6 << 30]) == 1 + (6 * 1024 - 800) // 330
-    assert devices.most_layers(s, [1.0], [700 * MIB]) == 0  # not even the output layer
+    assert layer_fit.most_layers(s, [1.0], [6 << 30]) == 1 + (6 * 1024 - 800) // 330
+    assert layer_fit.most_layers(s, [1.0], [700 * MIB]) == 0  # not even the output layer
     # two devices, an even cut: the first holds the first half of the offloaded layers, the second the output layer
-    assert devices.most_layers(s, [0.5, 1.0], [6 << 30, 6 << 30]) == 29  # 15 layers on one, 14 on the other
-    assert devices.most_layers(s, [0.5, 1.0], [6 << 30, 2 << 30]) < 29
+    assert layer_fit.most_layers(s, [0.5, 1.0], [6 << 30, 6 << 30]) == 29  # 15 layers on one, 14 on the other
+    assert layer_fit.most_layers(s, [0.5, 1.0], [6 << 30, 2 << 30]) < 29
 
 
 def fake_gpu(monkeypatch, free: int) -> Device:
@@ -133,8 +134,8 @@ def fake_gpu(monkeypatch, free: int) -> Device:
 
 
 def test_a_model_that_does_not_fit_names_the_device_and_the_ngl_that_fits(models, monkeypatch):
-    shape = devices.shape(models["target"], 64 * 256, 64)  # -c 64: 256 bytes of KV cache per token
-    two = devices.need(shape, 2, [1.0])[0][1]  # what two layers take: room for no more
+    shape = layer_fit.shape(models["target"], 64 * 256, 64)  # -c 64: 256 bytes of KV cache per token
+    two = layer_fit.need(shape, 2, [1.0])[0][1]  # what two layers take: room for no more
     gpu = fake_gpu(monkeypatch, two)
     with pytest.raises(UsageError) as e:
         fit.offload(fit.Want("target", "-ngl", "all", (gpu,)), models["target"], 64, 64 * 256)
@@ -147,8 +148,8 @@ def test_a_model_that_does_not_fit_names_the_device_and_the_ngl_that_fits(models
 
 
 def test_auto_offloads_every_layer_that_fits_leaving_headroom(models, monkeypatch):
-    shape = devices.shape(models["target"], 64 * 256, 64)
-    two = devices.need(shape, 2, [1.0])[0][1]
+    shape = layer_fit.shape(models["target"], 64 * 256, 64)
+    two = layer_fit.need(shape, 2, [1.0])[0][1]
     gpu = fake_gpu(monkeypatch, fit.HEADROOM + two)
     placed, note = fit.offload(fit.Want("target", "-ngl", "auto", (gpu,)), models["target"], 64, 64 * 256)
     assert placed.n_gpu_layers == 2 and note.startswith("-ngl auto: 2 of the target's 3 layers fit in CUDA0's ")
@@ -163,11 +164,11 @@ def test_the_weights_counted_are_the_files_tensors(models):
     it for want of an output matrix: then llama.cpp copies it to the output layer's device."""
     h = gguf_file.header(models["target"])
     size = {t.name: t.nbytes for t in h.tensors}
-    layers = devices.layer_weights(h)
+    layers = layer_fit.layer_weights(h)
     assert len(layers) == 3 and sum(layers) == sum(size.values()) - size["token_embd.weight"]
     assert layers[-1] == size["output.weight"] + size["output_norm.weight"]
     tied = gguf_file.Header(h.version, h.metadata, [t for t in h.tensors if t.name != "output.weight"], 0)
-    assert devices.layer_weights(tied)[-1] == size["token_embd.weight"] + size["output_norm.weight"]
+    assert layer_fit.layer_weights(tied)[-1] == size["token_embd.weight"] + size["output_norm.weight"]
 
 
 # --- where llama.cpp says the buffers went -----------------------------------------------------------

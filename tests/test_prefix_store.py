@@ -1,4 +1,4 @@
-"""The prefix cache (serve/prefixes.py): long prompts' KV cells on disk, read back by a server that restarted.
+"""The prefix cache (prefixes/): long prompts' KV cells on disk, read back by a server that restarted.
 A restored run says what a cold run says; a file that does not check out is one warning and a prefill."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from specdec_cli.engine.events import Prefilled
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.engine.stats import Fold
-from specdec_cli.serve import prefixes
-from specdec_cli.serve.prefixes import BLOCK
+from specdec_cli import prefixes
+from specdec_cli.prefixes import BLOCK
 from specdec_cli.serve.service import Service
 from specdec_cli.session import RunConfig, open_session
 
@@ -48,13 +49,13 @@ class Server:
         self.warnings: list[str] = []
         self._cm = open_session(cfg)
         self.session = self._cm.__enter__()
-        assert prefixes.attach(self.session, max_bytes, self.warnings.append) is None
+        assert self.session.keep_prefixes(max_bytes, self.warnings.append) is None
         self.service = Service(self.session, "m", {"m"}, 1)
 
     def ask(self, prompt: str, keep: bool = True, **changes) -> tuple[list[int], int]:
         """(answer's token ids, prompt tokens the caches held before the prefill)."""
         fold = Fold()
-        for event in self.session.generate(self.session.prompt_tokens(prompt), reuse=True, **changes):
+        for event in self.session.generate(self.session.prompt_tokens(prompt), Inputs(reuse=True), **changes):
             fold.add(event)
             assert not isinstance(event, Prefilled) or event.cached == fold.cached
         if keep:
@@ -79,7 +80,7 @@ def pair(models, **kw) -> RunConfig:
 def cold(cfg: RunConfig, prompt: str) -> list[int]:
     with open_session(cfg) as s:  # no store: the whole prompt prefilled
         fold = Fold()
-        for event in s.generate(s.prompt_tokens(prompt), reuse=True):
+        for event in s.generate(s.prompt_tokens(prompt), Inputs(reuse=True)):
             fold.add(event)
         return fold.tokens
 
@@ -126,7 +127,7 @@ def test_the_server_in_exact_mode_keeps_no_cells_decoded_without_reuse(models, p
     """Exact mode decodes a prompt without reuse through the fast kernels: its cells are not a reusing run's."""
     with Server(pair(models, exact=True)) as s:
         s.ask(SYSTEM + "a", keep=False)  # a prompt to keep, not kept yet (a batch's request)
-        list(s.session.generate(s.session.prompt_tokens(SYSTEM + "b"), reuse=False))
+        list(s.session.generate(s.session.prompt_tokens(SYSTEM + "b"), Inputs(reuse=False)))
         s.service._keep_prompt()
         assert s.session.kept.held(s.session.target_ctx) is None and not blocks(prefix_cache)
 
@@ -231,7 +232,7 @@ def test_two_servers_writing_the_same_block_at_once_leave_a_whole_file(tmp_path)
     def read() -> None:  # all the while: the file is absent or whole, never half of one
         while not stop.is_set():
             try:
-                data = prefixes._read(folder / (digest + prefixes.SUFFIX), 1 << 30)
+                data = prefixes.read(folder / (digest + prefixes.SUFFIX), 1 << 30)
             except FileNotFoundError:
                 continue
             prefixes.check(bytes(32), data, key, digest, BLOCK, BLOCK)
@@ -263,7 +264,7 @@ def test_a_cache_folder_that_cannot_be_made_turns_the_cache_off(models, prefix_c
     prefix_cache.parent.mkdir(parents=True, exist_ok=True)
     prefix_cache.write_text("a file where the folder goes")
     with open_session(pair(models)) as s:
-        why = prefixes.attach(s, prefixes.MAX_BYTES, print)
+        why = s.keep_prefixes(prefixes.MAX_BYTES, print)
     assert why.startswith("cannot write the prefix cache") and s.prefixes is None
 
 

@@ -18,6 +18,7 @@ import pytest
 from conftest import config, run_engine, same_distribution, sample_counts
 
 from specdec_cli.backend.context import Context
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.backend.native import Model
 from specdec_cli.engine import shapes as tree_module
 from specdec_cli.engine.events import Round, Stopped, Token
@@ -244,7 +245,7 @@ def test_a_servers_prefix_reuse_keeps_what_the_state_can_keep(models):
     from specdec_cli.engine.events import Prefilled
 
     def turn(s, tokens):
-        events = list(s.generate(tokens, reuse=True))
+        events = list(s.generate(tokens, Inputs(reuse=True)))
         return next(e.cached for e in events if isinstance(e, Prefilled)), collect(iter(events)).tokens
 
     cfg = config(models, "lfm2_draft", target=models["lfm2"], max_tokens=24)

@@ -19,9 +19,11 @@ import openai
 import pytest
 
 from specdec_cli.chat import Message
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.engine.stats import collect
-from specdec_cli.serve.api import ApiError, StopText, parse
-from specdec_cli.serve.service import Gate
+from specdec_cli.serve.api import ApiError, parse
+from specdec_cli.serve.cuts import StopText
+from specdec_cli.serve.gate import Gate
 from specdec_cli.session import RunConfig, open_session
 
 START_SECONDS = 120.0
@@ -292,7 +294,7 @@ def test_with_exact_the_reused_turn_says_what_a_cold_run_says(smollm2):
                     exact=True)  # fmt: skip
     with open_session(cfg) as cold:  # a session of its own: nothing to reuse
         tokens = cold.prompt_tokens(messages=[Message(m["role"], m["content"]) for m in turn])
-        events = list(cold.generate(tokens, reuse=True))
+        events = list(cold.generate(tokens, Inputs(reuse=True)))
     assert events[0].cached == 0 and len(tokens) == b.usage.prompt_tokens
     assert collect(iter(events)).text == b.choices[0].message.content
 

@@ -9,6 +9,7 @@ import pytest
 from conftest import FrozenCosts, config, run_engine, same_distribution, sample_counts
 
 from specdec_cli.drafting import window
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.engine import kv
 from specdec_cli.engine import shapes as tree_module
 from specdec_cli.engine.stats import collect
@@ -77,9 +78,9 @@ def test_a_reused_window_keeps_what_the_next_prompt_shares(open_pair):
     """A server's next turn: the draft's window is rolled back to the prompts' shared prefix, not emptied."""
     s = open_pair("draft", max_tokens=24, ctx_size=1536, draft_window=SIZE)
     first = s.prompt_tokens(long_prompt(4))
-    r = collect(s.generate(first, draft_tokens=3, reuse=True))
+    r = collect(s.generate(first, Inputs(reuse=True), draft_tokens=3))
     turn = first + r.tokens + s.target.tokenize(" more", special=False)
-    again = collect(s.generate(turn, draft_tokens=3, reuse=True))  # debug=True: the reused window is checked
+    again = collect(s.generate(turn, Inputs(reuse=True), draft_tokens=3))  # debug=True: the reused window is checked
     assert again.stats.drafted > 0 and s.draft_ctx.seq_pos_range(0)[1] < SIZE + window.SLACK + 4
 
 
@@ -88,10 +89,10 @@ def test_a_shorter_prompt_after_a_slid_window_starts_from_its_head(open_pair):
     holds of the shorter text (never more than the text), and drafts on from there."""
     s = open_pair("draft", max_tokens=40, ctx_size=1536, draft_window=SIZE)
     first = s.prompt_tokens(long_prompt(8))
-    collect(s.generate(first, draft_tokens=3, reuse=True))
+    collect(s.generate(first, Inputs(reuse=True), draft_tokens=3))
     assert s.draft_ctx.seq_pos_range(0)[1] < SIZE + window.SLACK + 4  # it slid
     short = first[: window.head(SIZE) + 20]  # shares the head and a little more, far less than the window left out
-    r = collect(s.generate(short, draft_tokens=3, reuse=True))  # debug=True checks the draft against the text
+    r = collect(s.generate(short, Inputs(reuse=True), draft_tokens=3))  # debug=True checks the draft against the text
     plain = collect(s.generate(short, drafter="none"))
     assert r.tokens == plain.tokens and r.stats.drafted > 0
 

@@ -214,8 +214,10 @@ def _starts(rules: dict[int, list[list[tuple[int | None, int]]]], names: dict[in
             child = next((c for c in it if c not in depth), None)
             if child is not None and child in on_path:
                 name = names.get(child) or names.get(top) or "of a group"
-                raise UsageError(f"the grammar's rule {name} (or a group in it) begins with itself: llama.cpp "
-                                 "cannot read left recursion")  # fmt: skip
+                raise UsageError(
+                    f"the grammar's rule {name} (or a group in it) begins with itself: llama.cpp "
+                    "cannot read left recursion"
+                )
             if child is not None:
                 path.append((child, iter(firsts.get(child, ()))))
                 on_path.add(child)
@@ -230,5 +232,6 @@ def _starts(rules: dict[int, list[list[tuple[int | None, int]]]], names: dict[in
             if depth[r] > MAX_CHAIN:
                 raise _too_much(f"chains more than {MAX_CHAIN:,} rules, each beginning with the next", MAX_CHAIN)
             if ways[r] > MAX_STARTS:
-                raise _too_much(f"can begin a rule in over {MAX_STARTS:,} ways (through the rules it begins with)",
-                                MAX_STARTS)  # fmt: skip
+                raise _too_much(
+                    f"can begin a rule in over {MAX_STARTS:,} ways (through the rules it begins with)", MAX_STARTS
+                )

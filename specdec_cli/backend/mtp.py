@@ -85,6 +85,28 @@ def heads_in_header(path: Path) -> int:
     return n if whole else 0
 
 
+def unusable(name: str, layers: int, loaded: bool = True) -> tuple[str, str] | None:
+    """Why a target's heads cannot draft, and a hint (model `name`, with `layers` heads, `loaded` with them or
+    not); None: they can."""
+    if not layers:
+        return (
+            f"{name} has no MTP (NextN) draft heads",
+            "`specdec models info` shows mtp_layers; use --drafter auto or lookup, or a --draft model",
+        )
+    lacks = missing()
+    if lacks:
+        return (
+            f"this llama-cpp-python lacks {lacks}, which drafting with MTP heads needs",
+            "install llama-cpp-python 0.3.36 or later (README, Install), or use --drafter auto",
+        )
+    if not loaded:
+        return (
+            f"{name} was loaded without its MTP heads (this session's drafter never drafts with them)",
+            "start it with --drafter mtp or auto",
+        )
+    return None
+
+
 def usable(path: Path) -> bool:
     """Whether the model at `path` has heads this llama-cpp-python can draft with."""
     return heads_in_header(path) > 0 and missing() is None

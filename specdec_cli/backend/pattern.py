@@ -231,8 +231,9 @@ class _Parser:
         return _one(ord(c))  # an identity escape: \. \( \/ \- \$ ...
 
     def hex_code(self, c: str) -> int:
-        m = re.compile(r"\{([0-9a-fA-F]{1,6})\}" if c == "u" and self.peek() == "{" else
-                       "[0-9a-fA-F]{%d}" % (2 if c == "x" else 4)).match(self.text, self.i)  # fmt: skip
+        braced = c == "u" and self.peek() == "{"  # \u{H...} (up to six digits); else \xHH or \uHHHH
+        digits = r"\{([0-9a-fA-F]{1,6})\}" if braced else "[0-9a-fA-F]{%d}" % (2 if c == "x" else 4)
+        m = re.compile(digits).match(self.text, self.i)
         if not m or int(m[1] if m.groups() else m[0], 16) > MAX_CP:
             raise Unsupported(f"a malformed \\{c} escape")
         self.i = m.end()

@@ -166,10 +166,13 @@ def _children(s: dict, at: str, marks: _Marks) -> dict:
         if isinstance(s.get(key), dict):
             s[key] = {k: _prepare(v, f"{at}/{key}/{_pointer(k)}", marks) for k, v in s[key].items()}
     if isinstance(s.get("properties"), dict):
-        names = {k: marks.add(pattern.literal(json.dumps(k, ensure_ascii=False))) if _escaped(k) else k
-                 for k in s["properties"]}  # fmt: skip
-        s["properties"] = {names[k]: _prepare(v, f"{at}/properties/{_pointer(k)}", marks)
-                           for k, v in s["properties"].items()}  # fmt: skip
+        names = {
+            k: marks.add(pattern.literal(json.dumps(k, ensure_ascii=False))) if _escaped(k) else k
+            for k in s["properties"]
+        }
+        s["properties"] = {
+            names[k]: _prepare(v, f"{at}/properties/{_pointer(k)}", marks) for k, v in s["properties"].items()
+        }
         if isinstance(s.get("required"), list):
             s["required"] = [names.get(k, k) if isinstance(k, str) else k for k in s["required"]]
     return s

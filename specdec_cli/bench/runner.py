@@ -12,6 +12,7 @@ from .. import drafting
 from ..drafting.corpus import Corpus
 from ..engine.events import Notice
 from ..engine.stats import Stats, collect
+from ..run_inputs import Inputs
 from ..session import Session
 from .suite import Prompt
 
@@ -94,16 +95,15 @@ def sweep(
 
     def generate(config: Config, i: int, corpus: Corpus | None = None) -> Run:
         k = {} if config.is_baseline else {"draft_tokens": config.draft_tokens}
-        if prompts[i].gbnf is not None:  # the prompt's schema or grammar constrains every row's answer alike
-            k["gbnf"] = prompts[i].gbnf
+        # (the prompt's schema or grammar, where it has one, constrains every row's answer alike)
+        inputs = Inputs(instruction=prompts[i].text, corpus=corpus, grammar=prompts[i].gbnf)
         events = sessions[config.exact].generate(
             encoded[i],
+            inputs,
             drafter=config.drafter,
             branches=config.branches,
             temp=config.temp,
             seed=seed + i,
-            instruction=prompts[i].text,
-            corpus=corpus,
             **k,
         )
         result = collect(events, lambda e: notice(e.message) if isinstance(e, Notice) else None)

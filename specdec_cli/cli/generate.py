@@ -13,6 +13,7 @@ from ..ui import placement
 from ..engine.events import Notice, Stopped, Token
 from ..engine.stats import Result, collect
 from ..errors import UsageError
+from ..run_inputs import Inputs
 from ..session import Session
 from .common import CONFIG, PAIR, opened, resolve
 
@@ -50,7 +51,7 @@ def generate(
         if stream:
             stream.start()
         scored: list[Token] = []
-        result = _consume(session.generate(tokens, instruction=prompt_text), stream, scored)
+        result = _consume(session.generate(tokens, Inputs(instruction=prompt_text)), stream, scored)
         if result.stats.complete is False and not result.interrupted:
             ui.warning(
                 f"the answer stopped ({result.stats.stop_reason}) before its grammar was complete: it does "

@@ -11,13 +11,14 @@ from typing import Any, List, Optional
 
 import typer
 
-from .. import options, signals, ui
+from .. import options, prefixes, signals, ui
 from .common import CONFIG, PAIR, model_names, opened, resolve
 from ..errors import SpecdecError, UsageError
 from ..chat import isolation
-from ..serve import guard, prefixes
+from ..serve import guard
 from ..serve.http import Server
 from ..serve.service import Service
+from ..session import Session
 
 PORT = 8080  # llama-server's default: clients configured for it find us
 QUEUE = 16  # requests that may wait for the one generating; more get 503 with Retry-After
@@ -84,6 +85,41 @@ def serve(
 ) -> None:
     """Serve the pair over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses and /v1/models;
     Anthropic's /v1/messages; llama-server's /infill and /completion (editors); /health."""
+    _check(queue, prefix_cache_size, prefix_cache_hours, port)
+    limits = _limits(max_connections, header_timeout, body_timeout)
+    origins = _origins(allow_origin or [])
+    api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    address = _address(host, api_key, insecure_no_key)
+    cfg = resolve(given, pair, config_path, debug=debug)
+    guard.raise_file_limit()  # a descriptor for each of the cap's connections, and to spare
+    server = _listen(address, port, host, api_key, debug, limits, origins)  # before loading: a taken port fails now
+    try:
+        with opened(cfg, costs=True) as session:
+            # The lookup cache's namespaces, as the prefix cache's: by the API key (a hash of it).
+            session.answers.key_hash = prefixes.key_hash(api_key)
+            if prefix_cache:
+                _prefix_cache(session, int(prefix_cache_size * GIB), prefix_cache_hours * 3600, api_key)
+            server.service = Service(session, *model_names(cfg), queue)
+            isolation.prestart()  # the chat template's renderer: its child's 50 ms not in the first request's
+            _serve(server, host, api_key is not None, cfg)
+    finally:
+        server.close()
+
+
+def _listen(
+    address: str, port: int, host: str, api_key: str | None, debug: bool, limits: guard.Limits, origins: frozenset[str]
+) -> Server:
+    """The listening server, with no service yet: a taken port fails in a second, not after the models load."""
+    try:
+        return Server((address, port), None, api_key, debug, limits, host, origins)
+    except OSError as e:
+        raise SpecdecError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}",
+            hint="another server may hold the port: pick another with --port",
+        ) from None
+
+
+def _check(queue: int, prefix_cache_size: float, prefix_cache_hours: float, port: int) -> None:
     if queue < 0:
         raise UsageError(f"--queue must be at least 0 (got {queue})")
     if not (math.isfinite(prefix_cache_size) and prefix_cache_size > 0):
@@ -92,40 +128,13 @@ def serve(
         raise UsageError(f"--prefix-cache-hours must be a positive number of hours (got {prefix_cache_hours})")
     if not 0 <= port < 65536:
         raise UsageError(f"--port must be 0-65535 (got {port})")
-    limits = _limits(max_connections, header_timeout, body_timeout)
-    origins = _origins(allow_origin or [])
-    api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
-    if api_key is not None and not api_key.strip():
-        raise UsageError("--api-key is empty")
-    address = _address(host)
-    if not ipaddress.ip_address(address).is_loopback and api_key is None and not insecure_no_key:
-        raise UsageError(
-            f"--host {host} is reachable from other machines: give --api-key KEY (or ${API_KEY_ENV})",
-            hint="or --insecure-no-key to let anyone who reaches it use it",
-        )
-    cfg = resolve(given, pair, config_path, debug=debug)
-    guard.raise_file_limit()  # a descriptor for each of the cap's connections, and to spare
-    try:  # listen before loading: a taken port fails in a second, not after the models load
-        server = Server((address, port), None, api_key, debug, limits, host, origins)
-    except OSError as e:
-        raise SpecdecError(
-            f"cannot listen on {host}:{port}: {e.strerror or e}",
-            hint="another server may hold the port: pick another with --port",
-        ) from None
-    try:
-        with opened(cfg, costs=True) as session:
-            size, lifetime = int(prefix_cache_size * GIB), prefix_cache_hours * 3600
-            session.answers.key_hash = prefixes.key_hash(
-                api_key
-            )  # the lookup cache's namespaces, as the prefix cache's
-            why = prefixes.attach(session, size, ui.warning, api_key, lifetime) if prefix_cache else None
-            if why:
-                ui.note(f"prefix cache off: {why}")
-            server.service = Service(session, *model_names(cfg), queue)
-            isolation.prestart()  # the chat template's renderer: its child's 50 ms not in the first request's
-            _serve(server, host, api_key is not None, cfg)
-    finally:
-        server.close()
+
+
+def _prefix_cache(session: Session, size: int, lifetime: float, api_key: str | None) -> None:
+    """Long prompts' cells kept on disk (--prefix-cache), namespaced by the API key."""
+    why = session.keep_prefixes(size, ui.warning, api_key, lifetime)
+    if why:
+        ui.note(f"prefix cache off: {why}")
 
 
 def _serve(server: Server, host: str, keyed: bool, cfg) -> None:
@@ -185,13 +194,22 @@ def _origins(given: list[str]) -> frozenset[str]:
     return frozenset(out)
 
 
-def _address(host: str) -> str:
+def _address(host: str, api_key: str | None, insecure_no_key: bool) -> str:
+    """--host as an IP address; one other machines reach only with a key (or --insecure-no-key, said)."""
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key is empty")
     if host == "localhost":
         return "127.0.0.1"
     try:
-        return str(ipaddress.ip_address(host))
+        address = str(ipaddress.ip_address(host))
     except ValueError:
         raise UsageError(
             f"--host must be an IP address (got {host!r})",
             hint="e.g. --host 127.0.0.1 (this machine only) or --host 0.0.0.0 (every interface)",
         ) from None
+    if not ipaddress.ip_address(address).is_loopback and api_key is None and not insecure_no_key:
+        raise UsageError(
+            f"--host {host} is reachable from other machines: give --api-key KEY (or ${API_KEY_ENV})",
+            hint="or --insecure-no-key to let anyone who reaches it use it",
+        )
+    return address

@@ -13,106 +13,15 @@ package compares drafter names.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable, Protocol
 
+from ..backend.mtp import unusable
 from ..engine.drafter import Drafter, NoDrafter
-from ..engine.kv import Sequence
-from ..errors import SpecdecError
-from .auto import AutoDrafter
-from .corpus import Corpus
-from .cost import Costs
-from .forced import Forced
-from .lookup import LookupDrafter, line_ends
-from .model import ModelDrafter
-from .mtp import HeadCache, MtpDrafter
-from .prediction import Prediction
+from ..errors import UsageError
+from .lookup import LookupDrafter
+from .sources import DRAFT_WINDOW, Sources, for_run  # noqa: F401 (options reads DRAFT_WINDOW; the session for_run)
 
 DRAFT_TOKENS = 4  # llama.cpp uses 3, mlx-lm 3, HF starts at 5; 4 suits a draft that is right ~80% of the time
-DRAFT_WINDOW = 2048  # the draft model's window: the text's first 512 tokens and its last 1,536 (window.py)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Sources:
-    """What a run can draft from. Costs and the draft's sequence are asked for only by a drafter that uses
-    them: measuring the costs takes about a second (and clears the caches), and comes first; the draft's
-    sequence is taken (the draft model loaded, where it was not) at its first draft."""
-
-    k: int | None  # tokens per draft; None: auto (the cost model chooses every round)
-    costs: Callable[[], Costs]
-    draft: Callable[[], Sequence] | None  # takes the draft model's sequence; None: no draft model
-    draft_loaded: Callable[[], bool] = lambda: True  # whether taking it loads nothing (the draft model is loaded)
-    heads: Callable[[], HeadCache] | None = None  # the target's MTP heads (opened on first use); None: it has none
-    is_eog: Callable[[int], bool] = lambda token: False
-    p_min: float = 0.0
-    branches: int = 1  # the draft model's tree: at most this many branches
-    p_split: float = 0.1
-    max_nodes: int = 63  # a tree's nodes + 1 must fit the target's output rows
-    vocab: int | None = None  # the target's vocabulary: ids a draft may propose
-    window: int | None = DRAFT_WINDOW  # the draft model's window (None: the whole text)
-    max_tokens: int | None = None  # the answer's bound
-    lookup_branches: int = 1  # a lookup tree's leaves (each forks the target's state)
-    instruction: str = ""
-    corpus: Corpus | None = None  # earlier answers (the lookup cache)
-    prediction: tuple[int, ...] = ()  # the predicted answer's tokens (OpenAI's `prediction`), tokenized as `tokenize`
-    grammar: Callable[[], Any] | None = None  # a constrained run: the grammar's start state (a new one per call)
-    tokenize: Callable[[str], list[int]] = lambda text: []
-    piece: Callable[[int], bytes] = lambda token: b""
-
-    def draft_model(self) -> ModelDrafter | None:
-        if self.draft is None:
-            return None
-        grammar = self.grammar() if self.grammar is not None else None  # its rows masked as the target's
-        return ModelDrafter(
-            self.draft,
-            self.p_min,
-            self.branches,
-            self.p_split,
-            self.max_nodes,
-            self.vocab,
-            grammar,
-            self.window,
-            self.draft_loaded,
-        )
-
-    def mtp(self) -> MtpDrafter | None:
-        if self.heads is None:
-            return None
-        grammar = self.grammar() if self.grammar is not None else None
-        return MtpDrafter(self.heads(), self.p_min, self.vocab, grammar, self.is_eog)
-
-    def model_source(self, heads: bool = False) -> ModelDrafter | MtpDrafter | None:
-        """Auto's model source: the draft model where there is one (and `heads` does not ask for the heads), else
-        the target's own heads where they open (llama.cpp may refuse them a context: auto then drafts without
-        them), else none."""
-        if self.draft is not None and not heads:
-            return self.draft_model()
-        try:
-            return self.mtp()
-        except SpecdecError:
-            return None
-
-    def lookup(self) -> LookupDrafter:
-        return LookupDrafter.for_instruction(self.instruction, self.corpus, self.tokenize, self.piece, self.predicted())
-
-    def predicted(self) -> Prediction | None:
-        """The predicted answer as lookup's first source (a new cursor per drafter); None without one."""
-        return Prediction(self.prediction, line_ends(self.piece)) if self.prediction else None
-
-    def auto(self, lookup: bool = True, model: bool = True, heads: bool = False) -> AutoDrafter:
-        """heads: the target's heads as the model source even where there is a draft model (mtp -k auto)."""
-        costs = self.costs()
-        forced = Forced(self.grammar(), self.tokenize, self.piece) if self.grammar is not None else None
-        source = self.model_source(heads) if model else None
-        if isinstance(source, MtpDrafter) and costs.draft is None:  # a head's decode: measured once (milliseconds)
-            costs.draft = source.cache.time_one()
-        return AutoDrafter(
-            costs,
-            self.lookup() if lookup else None,
-            source,
-            self.lookup_branches,
-            forced=forced,
-            max_tokens=self.max_tokens,
-        )
 
 
 NEEDS, USES, NEVER = "needs", "uses", "never"  # Kind.model: how a drafter relates to the draft model
@@ -186,6 +95,52 @@ def source_order(source: str) -> tuple[bool, int]:
     """Where a round source's statistics go: plain rounds first, then as declared."""
     names = list(DRAFTERS)
     return (not is_plain(source), names.index(source) if source in DRAFTERS else len(names))
+
+
+class Recurrent(Protocol):
+    """What `check_branches` reads of a model (backend/native.Model)."""
+
+    name: str
+    architecture: str
+    recurrent: bool  # keeps a recurrent state (no cells to fork per branch)
+
+
+class Target(Protocol):
+    """What `able` reads of a target model (backend/native.Model)."""
+
+    name: str
+    heads: bool  # loaded with its MTP heads
+
+    def rollback_problem(self) -> str | None: ...  # why its cache cannot drop a rejected draft (None: it can)
+
+
+def able(name: str, target: Target, mtp_layers: int) -> str:
+    """The drafter `name` where `target` (with `mtp_layers` MTP heads) can draft with it; where it cannot roll back,
+    plain decoding for a drafter that falls back to it (auto), and an error for the others."""
+    k = DRAFTERS[name]
+    why = unusable(target.name, mtp_layers, target.heads) if k.heads == NEEDS else None
+    if why:  # (auto drafts without them)
+        raise UsageError(f"--drafter {name}: {why[0]}", hint=why[1])
+    problem = not k.plain and target.rollback_problem()
+    if problem and not k.falls_back:
+        raise UsageError(
+            f"--drafter {name}: target {target.name} cannot speculate: {problem}",
+            hint=f"use --drafter {plain()} (or one that decodes it plainly: "
+            + ", ".join(d.name for d in DRAFTERS.values() if d.falls_back)
+            + ")",
+        )
+    return plain() if problem else name
+
+
+def check_branches(branches: int, models: list[Recurrent]) -> None:
+    """A tree forks every branch's state: refused on a model that keeps a recurrent state (chains speculate on it)."""
+    recurrent = [m for m in models if m.recurrent]
+    if branches > 1 and recurrent:
+        raise UsageError(
+            f"--branches {branches}: tree drafting forks every branch's state, and {recurrent[0].name} "
+            f"({recurrent[0].architecture}) keeps a recurrent state that specdec does not fork for trees",
+            hint="use --branches 1 (chains speculate on it)",
+        )
 
 
 def build(name: str, sources: Sources) -> Drafter:

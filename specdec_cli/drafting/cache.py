@@ -8,7 +8,7 @@ the same bytes). The oldest answers go once the whole cache is over MAX_BYTES. A
 out (a crash mid-write on a disk without atomic rename, bit rot, a stray file) is removed with a warning;
 the cache goes on without it.
 
-Privacy, as the prefix cache's (serve/prefixes.py): an answer is what a client was told, so files are 0600 in
+Privacy, as the prefix cache's (prefixes/): an answer is what a client was told, so files are 0600 in
 folders 0700 whatever the umask, and each answer is kept in a namespace that only its own drafts from: "" (the
 plain one: `generate`, `batch`, a server without API key or cache_salt; file `<content hash>.tok`), else a hash
 of the server's API key's hash and the request's cache_salt (`space`; file `<space>.<content hash>.tok`). So a
@@ -53,7 +53,7 @@ class Answers:
     disk and into its namespace's loaded index."""
 
     def __init__(self, vocab_key: Callable[[], str], warn: Callable[[str], None]):
-        self.key_hash = b""  # a server's (serve/prefixes.key_hash); b"": none
+        self.key_hash = b""  # a server's (prefixes.key_hash); b"": none
         self._vocab_key, self._warn = vocab_key, warn
         self._corpora: dict[str, Corpus] = {}  # namespace -> its answers, least recently used first
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .lookup import MAX_MATCH, longer
+from .matches import MAX_MATCH, longer
 
 NGRAM = 3  # a match must be at least this long: shorter ones in a large corpus are mostly chance
 BITS = 21  # token ids below 2**21: any vocabulary (the largest are ~260k)

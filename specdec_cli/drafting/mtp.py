@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..backend.mtp import Heads, missing
+from ..backend.mtp import Heads
 from ..engine.constraint import Follow, State, best_allowed
 from ..engine.drafter import Draft, Drafter
 from ..engine.sampling import NonFiniteLogits, Sampler, draw, softmax_summary
@@ -28,28 +28,6 @@ PROMPT_ROWS = 32  # the prompt's last positions the heads are fed: as many targe
 # of a 1,000-token prefill); the heads' attention reaches back that far into the prompt, and over the whole answer
 MAX_LAG = 256  # positions the heads may fall behind (rounds without them); further, they start afresh nearer
 KEEP = 64  # the target's hidden states kept behind the heads' last position (a run that rolls back a little)
-
-
-def unusable(name: str, layers: int, loaded: bool = True) -> tuple[str, str] | None:
-    """Why a target's heads cannot draft, and a hint (model `name`, with `layers` heads, `loaded` with them or
-    not); None: they can."""
-    if not layers:
-        return (
-            f"{name} has no MTP (NextN) draft heads",
-            "`specdec models info` shows mtp_layers; use --drafter auto or lookup, or a --draft model",
-        )
-    lacks = missing()
-    if lacks:
-        return (
-            f"this llama-cpp-python lacks {lacks}, which drafting with MTP heads needs",
-            "install llama-cpp-python 0.3.36 or later (README, Install), or use --drafter auto",
-        )
-    if not loaded:
-        return (
-            f"{name} was loaded without its MTP heads (this session's drafter never drafts with them)",
-            "start it with --drafter mtp or auto",
-        )
-    return None
 
 
 class HeadCache:

@@ -18,7 +18,8 @@ class Draft:
     tokens: list[int]
     q: np.ndarray | None  # (k, n_vocab) draft probabilities when sampled from a model; else None
     _: KW_ONLY  # the rest by name: several share a type, and a swapped pair would pass silently
-    source: str = "none"  # the drafter that proposed it: "none" | "lookup" | "model"
+    # Who drafted the tokens: "none" (plain decoding) | "lookup" | "model" | "mtp" (auto: the one it chose).
+    source: str = "none"
     k: int = 0  # the draft length chosen this round (fewer tokens when a match, p-min or the text ran out)
     predicted: float | None = None  # expected tokens this round emits, by the cost model (auto only)
     confidence: tuple[float, ...] = ()  # model: the draft's probability of each token it drafted

@@ -1,7 +1,7 @@
 """A draft's shape, `Chain` (the usual case) or `Tree`: how the engine verifies and accepts it, so the
 round loop is the same for both.
 
-A tree's branches (drafted by drafting/model.py, or lookup's alternatives) are verified in ONE target
+A tree's branches (drafted by drafting/tree.py, or lookup's alternatives) are verified in ONE target
 decode, each in its own forked sequence, a token shared by several branches once with all their
 sequence ids (`Branches.decode`); the acceptance rules in acceptance.py walk it.
 """

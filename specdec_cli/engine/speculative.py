@@ -62,22 +62,17 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
     rng = None if sampler.greedy else np.random.default_rng(settings.seed)
 
     t0, cached = time.perf_counter(), len(main)  # `main` may hold a prefix of the prompt already
-    with main.ctx.prompt_kernels() if settings.prompt_kernels else nullcontext():  # every run of it, alike
-        todo = prompt[cached:-1]
-        main.append(todo, outputs=max(len(todo) - drafter.prompt_rows, 0) if drafter.prompt_rows else "last")
-    drafter.prefill(prompt[:-1])
+    _prefill(main, drafter, prompt, cached, settings.prompt_kernels)
     yield Prefilled(prompt_tokens=len(prompt), seconds=time.perf_counter() - t0, cached=cached)
 
     committed = list(prompt)
     state = settings.constraint  # the grammar's state after the committed text (None: unconstrained)
     while True:
         generated = len(committed) - len(prompt)
-        if generated >= settings.max_tokens:
-            yield Stopped(reason="max_tokens", complete=state and state.complete())
-            return
         room = main.ctx.n_ctx - len(committed)  # the verify batch needs positions n-1 .. n-1+k < n_ctx
-        if room < 0:
-            yield Stopped(reason="context", complete=state and state.complete())
+        stop = "max_tokens" if generated >= settings.max_tokens else "context" if room < 0 else None
+        if stop:
+            yield Stopped(reason=stop, complete=state and state.complete())
             return
         if len(committed) - len(main) > main.ctx.n_batch // 2:  # a long lag (ordered_cells, a cleared state) alone
             main.append(committed[len(main) : -1])
@@ -104,10 +99,8 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             committed += new[:end]
             if settings.ordered_cells:  # the last committed token's cell is n_before - 1; nodes follow it
                 in_order = n_before + draft.shape.in_order(path)
-        finally:
-            rollback(
-                target, drafter, draft, len(committed) - 1, winner, in_order
-            )  # 4. both caches back to the committed text
+        finally:  # 4. both caches back to the committed text
+            rollback(target, drafter, draft, len(committed) - 1, winner, in_order)
         seconds = time.perf_counter() - t_round
         if draft.notice:
             yield Notice(message=draft.notice)
@@ -135,6 +128,15 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if eog:
             yield Stopped(reason="eos", complete=True if state is not None else None)  # the grammar allowed it
             return
+
+
+def _prefill(main: Sequence, drafter: Drafter, prompt: list[int], cached: int, fast: bool) -> None:
+    """The prompt but its last token, to the target past its `cached` tokens (through the fast kernels where
+    `fast`: every run of a prompt decodes it alike) and to the drafter; the target's rows the drafter reads."""
+    with main.ctx.prompt_kernels() if fast else nullcontext():
+        todo = prompt[cached:-1]
+        main.append(todo, outputs=max(len(todo) - drafter.prompt_rows, 0) if drafter.prompt_rows else "last")
+    drafter.prefill(prompt[:-1])
 
 
 def _room(main: Sequence, settings: Settings, feed: int, generated: int, room: int) -> int:

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .. import options, ui
+from .. import options
 from ..backend import grammar
-from ..chat import Message, Tools
 from ..engine.stats import Stats
 from . import body, chat, cuts
-from .cuts import Probs, StopText  # noqa: F401 (StopText: re-exported)
-from .body import COMMENT, STARTED, WAITING, ApiError, decode, json_type, number, text, typed  # noqa: F401 (ApiError, decode: re-exported)
+from .body import ApiError, decode, json_type, number, text, typed  # noqa: F401 (decode: re-exported, for batch)
+from .items import Args, Call, Finished, Scored, Text
+from ..run_inputs import UNCONSTRAINED
+from .request import Request
+from .stream import COMMENT, Event, Shape
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
 MAX_SALT = 1024  # characters of a cache_salt: vLLM suggests 43 (256 random bits in base64)
@@ -74,45 +75,6 @@ OWN = {"chat": {"messages", "top_logprobs", *TOOLS}, "completion": {"prompt", "s
 FIELDS = {kind: {*own, *READ, *SETTINGS, *UNSUPPORTED, *NOT_DONE, *IGNORED} for kind, own in OWN.items()}
 
 
-@dataclass
-class Request:
-    kind: str  # "chat" | "completion"
-    model: str | None
-    messages: list[Message] = field(default_factory=list)  # chat
-    tools: Tools | None = None  # chat: the tools on offer and what the model may do with them
-    prediction: str | None = None  # predicted output: text the answer is expected to repeat
-    prompt_tokens: int = 0  # the prompt's length, once it is tokenized (a stream's first event may say it)
-    prompt: str = ""  # completion
-    stream: bool = False
-    include_usage: bool = False  # stream_options.include_usage: usage in a chunk of its own, as OpenAI does
-    stop: list[str] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)  # run option -> value
-    exact: bool | None = None
-    cache_prompt: bool | None = None  # llama-server's name: start from what the caches hold of this prompt (None:
-    # not said; serve does, a batch does not: its answers do not then depend on the request before them)
-    cache_salt: str | None = None  # vLLM's name: reuse cached prompt cells only of requests with the same salt
-    template: bool | None = False  # a completion's prompt as it is; None: as `generate` reads it (a batch's
-    # hand-written {"prompt"} line): in the chat template where the target has one and --chat says so
-    # Fill in the middle (a completion's `suffix`, llama-server's /infill): `prompt` is the code before the
-    # cursor, `suffix` after it, `extra` other files, `continued` text after the prefix (chat/fim.py).
-    suffix: str | None = None
-    extra: list = field(default_factory=list)
-    continued: str = ""
-    logprobs: int | None = None  # each token's log probability and this many alternatives (None: not asked)
-    time_limit: float | None = None  # llama-server's t_max_predict_ms, in seconds: stop at a newline after it
-    indent: int = 0  # llama-server's n_indent: stop at a line indented less, after the first line
-    client: str | None = None  # who asks (an address and llama-server's id_slot): a newer request cancels its last
-    slot: int = -1  # llama-server's id_slot, as sent
-    fields: list[str] | None = None  # llama-server's response_fields: only these
-    n: int = 1  # completions asked for (llama-server's n_cmpl)
-
-    @property
-    def instruction(self) -> str:
-        """What lookup reads for the names an edit will touch: the last user turn, or the prompt."""
-        users = [m.content for m in self.messages if m.role == "user"]
-        return users[-1] if users else self.prompt
-
-
 def parse(kind: str, body: Any) -> Request:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -153,12 +115,12 @@ def parse(kind: str, body: Any) -> Request:
             value = number(value, name, integer=options.BY_KEY[key].type is int)
         req.settings[key] = value
     if body.get("response_format") is not None:  # its own: "text" is unconstrained, whatever the server's default
-        req.settings["gbnf"] = _response_format(body["response_format"])
+        req.grammar = _response_format(body["response_format"])
     req.exact = typed(body, "exact", bool)
     req.cache_prompt = typed(body, "cache_prompt", bool)
     req.cache_salt = cache_salt(body)
     req.prediction = _prediction(body.get("prediction"))
-    if req.tools is not None and req.tools.choice != "none" and req.settings.get("gbnf"):
+    if req.tools is not None and req.tools.choice != "none" and req.grammar:
         raise ApiError(
             400,
             "response_format with tools is not supported: the calls have their own grammar",
@@ -204,12 +166,12 @@ def _prediction(value: Any) -> str | None:
     return chat.parts(value.get("content"), "prediction.content") or None
 
 
-def _response_format(value: Any) -> str | None:
-    """OpenAI's response_format as a grammar (GBNF): text (none), json_object (any JSON object), or
+def _response_format(value: Any) -> str:
+    """OpenAI's response_format as a grammar (GBNF): text (UNCONSTRAINED), json_object (any JSON object), or
     json_schema ({"json_schema": {"name", "schema", "strict"}}: that schema, by the converter --json-schema uses)."""
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "text":
-        return None
+        return UNCONSTRAINED
     if kind == "json_object":
         return grammar.JSON_OBJECT
     if kind == "json_schema":
@@ -262,48 +224,52 @@ def error(e: ApiError) -> dict:
     return e.body()
 
 
-def response(req: Request, rid: str, model: str, text: str, finished) -> dict:
+def response(req: Request, rid: str, model: str, text: str, finished: Finished) -> dict:
     return completion(req, rid, model, text, finished)
 
 
-def stream(req: Request, rid: str, model: str, items) -> Iterator[tuple[str | None, dict | str]]:
+def shape(req: Request, rid: str, model: str) -> Shape:
+    return _Chunks(req, rid, model)
+
+
+class _Chunks(Shape):
     """The chunks of a streamed answer (server-sent events with no name), then "[DONE]". Chat: the first
     carries the role; the last, finish_reason (and, here, usage and the speculative statistics). A stream
     cut by an error (the server stopping) ends with the error object, then "[DONE]"."""
-    yield None, chunk(req, rid, model, "", first=True)
-    finished, probs, offset = None, None, 0
-    try:
-        for item in items:
-            if item is WAITING:  # a long prefill: a comment keeps the line alive (OpenRouter's habit)
-                yield COMMENT, "keep-alive"
-            elif item is STARTED:
-                continue
-            elif isinstance(item, Probs):  # the next piece's tokens
-                probs = list(item)
-            elif isinstance(item, str):
-                yield None, chunk(req, rid, model, item, probs=probs, offset=offset)
-                probs, offset = None, offset + len(item)
-            elif hasattr(item, "stats"):
-                finished = item
-            else:
-                yield None, chunk(req, rid, model, None, call=item)
-    except ApiError as e:
+
+    def __init__(self, req: Request, rid: str, model: str):
+        self.req, self.rid, self.model = req, rid, model
+        self.offset = 0  # characters of the answer sent so far (a completion's logprobs.text_offset)
+
+    def _chunk(self, text: str | None, reason: str | None = None, **kw) -> Event:
+        return None, chunk(self.req, self.rid, self.model, text, reason, **kw)
+
+    def start(self) -> Iterator[Event]:
+        yield self._chunk("", first=True)
+
+    def heartbeat(self) -> Iterator[Event]:  # a comment keeps the line alive (OpenRouter's habit)
+        yield COMMENT, "keep-alive"
+
+    def text(self, piece: Text, probs: list[Scored]) -> Iterator[Event]:
+        yield self._chunk(piece, probs=probs, offset=self.offset)
+        self.offset += len(piece)
+
+    def call(self, piece: Call) -> Iterator[Event]:
+        yield self._chunk(None, call=piece)
+
+    def args(self, piece: Args) -> Iterator[Event]:
+        yield self._chunk(None, call=piece)
+
+    def end(self, finished: Finished) -> Iterator[Event]:
+        usage_ = usage(finished.stats, finished.cached, self.req.prediction is not None)
+        yield self._chunk(None, finished.reason, extra={"usage": usage_, "speculative": finished.stats.as_dict()})
+        if self.req.include_usage:  # OpenAI's own shape for it: a last chunk with no choices
+            yield None, {**chunk(self.req, self.rid, self.model, None), "choices": [], "usage": usage_}
+        yield None, "[DONE]"
+
+    def error(self, e: ApiError) -> Iterator[Event]:
         yield None, e.body()
         yield None, "[DONE]"
-        return
-    except Exception as e:  # a bug, after the headers
-        ui.error(f"{req.kind} stream: unexpected {type(e).__name__}: {e}")
-        yield None, ApiError(500, f"internal error: {type(e).__name__}").body()
-        yield None, "[DONE]"
-        return
-    if finished is None:  # the client left
-        return
-    usage_ = usage(finished.stats, finished.cached, req.prediction is not None)
-    extra = {"usage": usage_, "speculative": finished.stats.as_dict()}
-    yield None, chunk(req, rid, model, None, finished.reason, extra=extra)
-    if req.include_usage:  # OpenAI's own shape for it: a last chunk with no choices
-        yield None, {**chunk(req, rid, model, None), "choices": [], "usage": usage_}
-    yield None, "[DONE]"
 
 
 def new_id(kind: str) -> str:
@@ -328,13 +294,13 @@ def usage(stats: Stats, cached: int, predicted: bool = False) -> dict:
     return out
 
 
-def logprobs(req: Request, scored: list, offset: int = 0) -> dict | None:
+def logprobs(req: Request, scored: list[Scored], offset: int = 0) -> dict | None:
     """OpenAI's logprobs for these tokens in the request's shape (cuts.openai_logprobs); None where not asked."""
     return None if req.logprobs is None else cuts.openai_logprobs(scored, req.kind == "chat", offset)
 
 
-def completion(req: Request, rid: str, model: str, text: str, finished) -> dict:
-    """The whole response of a request that did not stream (`finished`: service.Finished)."""
+def completion(req: Request, rid: str, model: str, text: str, finished: Finished) -> dict:
+    """The whole response of a request that did not stream."""
     if req.kind == "chat":
         message: dict = {"role": "assistant", "content": text or (None if finished.calls else "")}
         if finished.calls:
@@ -354,10 +320,10 @@ def completion(req: Request, rid: str, model: str, text: str, finished) -> dict:
     }
 
 
-def call_delta(piece) -> dict:
-    """A tool call's part in a chat chunk's delta (`piece`: chat.calls.Piece): its id and name once, then
-    fragments of its arguments that join to function.arguments."""
-    if piece.kind == "call":
+def call_delta(piece: Call | Args) -> dict:
+    """A tool call's part in a chat chunk's delta: its id and name once (Call), then fragments of its arguments
+    (Args) that join to function.arguments."""
+    if isinstance(piece, Call):
         c = piece.call
         return {"index": piece.index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
     return {"index": piece.index, "function": {"arguments": piece.text}}
@@ -372,8 +338,8 @@ def chunk(
     *,
     first: bool = False,
     extra: dict | None = None,
-    call=None,
-    probs: list | None = None,
+    call: Call | Args | None = None,
+    probs: list[Scored] | None = None,
     offset: int = 0,
 ) -> dict:
     """One server-sent event of a stream. Chat: the first carries the role; the last, finish_reason

@@ -1,5 +1,5 @@
 """What every API's body is checked with: the error a refusal raises (an HTTP status and the message; each API
-writes it in its own shape) and the checks of JSON values; and the markers a stream's items carry besides text."""
+writes it in its own shape) and the checks of JSON values."""
 
 from __future__ import annotations
 
@@ -9,12 +9,6 @@ from typing import Any
 from ..backend import grammar
 from ..errors import UsageError
 from ..chat.messages import MAX_DEPTH, json_shape
-
-# A stream's items (service.Service.run) besides its pieces: its turn has come (the headers go, before a long
-# prompt's prefill), and nothing new for service.KEEP_ALIVE seconds. Each dialect answers WAITING its own way.
-STARTED = object()
-WAITING = object()
-COMMENT = ":"  # an event name that stands for an SSE comment line (every SSE reader skips it)
 
 
 class ApiError(Exception):

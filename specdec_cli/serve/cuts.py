@@ -1,13 +1,18 @@
-"""Where a generation's text is cut, and what goes out with it: stop strings (StopText), llama-server's n_indent rule
-(a completion ends where the code leaves the block it was in), and each token's log probabilities (Probs, before the
-text that completes them: Ledger; in OpenAI's shapes: openai_logprobs)."""
+"""Where a generation's text is cut, and what goes out with it, token by token (Cuts, of: stop strings, StopText;
+llama-server's n_indent rule, Indent, where a completion ends as the code leaves the block it was in; its time limit;
+and each token's log probabilities, Probs before the text that completes them, Ledger; in OpenAI's shapes:
+openai_logprobs)."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections import deque
-from dataclasses import dataclass
+from typing import Callable
+
+from ..engine.events import Token
+from .items import Probs, Scored, Text
 
 
 class StopText:
@@ -75,22 +80,7 @@ class Indent:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class Scored:
-    """One generated token's log probability under the target, and its best alternatives (id, text, logprob)."""
-
-    id: int
-    text: str
-    bytes: bytes
-    logprob: float
-    top: tuple[tuple[int, str, bytes, float], ...]
-
-
-class Probs(tuple):
-    """The Scored tokens whose text the next piece of a stream carries (a service item, like a text piece)."""
-
-
-def scored(token, piece) -> Scored:
+def scored(token: Token, piece: Callable[[int], bytes]) -> Scored:
     """An engine Token's figures with the texts of its ids (`piece`: the model's bytes for an id)."""
 
     def named(t: int) -> tuple[bytes, str]:
@@ -99,18 +89,6 @@ def scored(token, piece) -> Scored:
 
     raw, text = named(token.id)
     return Scored(token.id, text, raw, token.logprob, tuple((t, *named(t)[::-1], lp) for t, lp in token.top))
-
-
-class Text(str):
-    """A piece of the answer's text, and how many generated tokens it completes (a stream's tokens_predicted)."""
-
-    tokens = 1
-
-    @classmethod
-    def of(cls, text: str, tokens: int) -> Text:
-        out = cls(text)
-        out.tokens = tokens
-        return out
 
 
 class Ledger:
@@ -139,7 +117,60 @@ class Ledger:
         return count, out
 
 
-def openai_logprobs(scored: list, chat: bool, offset: int = 0) -> dict:
+class Cuts:
+    """The per-token cuts of one generation, as one: each token's text through the stop strings, then n_indent;
+    the time limit (llama-server's t_max_predict_ms: a line that ends past it ends the text); and the ledger that
+    sends each token's count and log probabilities with the text that completes it. `piece`: the model's bytes
+    for an id, where the request asked for log probabilities (None: not asked)."""
+
+    def __init__(self, stops: list[str], indent: int, time_limit: float | None, piece: Callable[[int], bytes] | None):
+        self.stop, self.indent, self.ledger = StopText(stops), Indent(indent), Ledger()
+        self.time_limit, self.piece = time_limit, piece
+        self.deadline = float("inf")
+        self.late = False  # a line ended past the time limit
+        self.scored: list[Scored] = []  # every token's figures that went out (Finished.probs)
+
+    @property
+    def ended(self) -> bool:
+        """The text ended here: a stop string, a line indented less, or the time limit."""
+        return self.stop.hit is not None or self.indent.hit or self.late
+
+    @property
+    def limit(self) -> bool:
+        """The time or indentation limit ended it (llama-server's stop_type "limit")."""
+        return self.indent.hit or self.late
+
+    def prefilled(self) -> None:
+        """The prompt is in: the time limit counts from here."""
+        self.deadline = time.perf_counter() + (self.time_limit or 0.0)
+
+    def token(self, token: Token) -> list[Probs | Text]:
+        """What one token lets out (nothing while a stop string or a line's indentation might still cut it)."""
+        self.ledger.add(len(token.text), scored(token, self.piece) if self.piece is not None else None)
+        piece = self.indent.push(self.stop.push(token.text))
+        self.late = self.time_limit is not None and "\n" in token.text and time.perf_counter() > self.deadline
+        if self.late and not self.stop.hit:  # what a stop string might have become is text after all
+            piece += self.indent.push(self.stop.flush())
+        if self.stop.hit or self.late:  # (an indentation the line's next character would have judged: kept)
+            piece += self.indent.flush()
+        return self._release(piece)
+
+    def stopped(self, tail: str) -> list[Probs | Text]:
+        """The rest, at the end: the detokenizer's `tail`, and what the stop strings and n_indent held."""
+        piece = self.stop.push(tail) + ("" if self.stop.hit else self.stop.flush())
+        return self._release(self.indent.push(piece) + self.indent.flush())
+
+    def _release(self, piece: str) -> list[Probs | Text]:
+        """Text that goes out, after the probabilities of the tokens it completes (a stop string's, or a line's cut
+        by n_indent, never go out), as Text that knows how many tokens it completes."""
+        if not piece:
+            return []
+        count, probs = self.ledger.release(len(piece))
+        self.scored.extend(probs)
+        return [Probs(probs), Text.of(piece, count)] if probs else [Text.of(piece, count)]
+
+
+def openai_logprobs(scored: list[Scored], chat: bool, offset: int = 0) -> dict:
     """OpenAI's logprobs for these tokens (Scored). Chat: {"content": [{token, logprob, bytes, top_logprobs}]}; a
     completion, the legacy lists (text_offset: from the answer's start, `offset` being where these tokens start;
     top_logprobs by token text, where two alternatives that read alike keep the likelier). Alternatives the

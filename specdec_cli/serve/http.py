@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import hmac
-import itertools
 import json
 import select
 import socket
@@ -25,9 +24,12 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .. import __version__, ui
-from . import api, guard, llama, messages, responses
+from . import api, guard
+from .answering import Answering
 from .body import quoted
-from .service import Finished, Service, whole
+from .dialect import DIALECTS
+from .service import Service
+from .stream import COMMENT
 
 MAX_BODY = 8 * 2**20  # bytes; a prompt that fits any context we allow is far smaller
 JSON = (",", ":")  # compact, one line: llama.vim checks a response's text for `"content":"`, with no space
@@ -44,11 +46,6 @@ ROUTES = {
     ("GET", "/health"): "health",
     ("GET", "/"): "health",  # clients check that the server answers (Claude Code sends HEAD /)
 }
-
-
-# Each API's request, response, stream and error shapes (the same functions in each module).
-DIALECTS = {"chat": api, "completion": api, "responses": responses, "messages": messages, "count_tokens": messages}
-DIALECTS |= {"infill": llama, "llama": llama}
 
 
 class Server(ThreadingHTTPServer):
@@ -134,7 +131,7 @@ class Server(ThreadingHTTPServer):
         self.server_close()
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(Answering, BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: an editor sends its requests over one connection
     default_request_version = "HTTP/1.0"  # an unreadable request line still gets a status line (not HTTP/0.9's none)
     server_version = f"specdec/{__version__}"
@@ -291,86 +288,9 @@ class Handler(BaseHTTPRequestHandler):
     def _model_card(self) -> dict:
         return {"id": self.server.service.model, "object": "model", "created": 0, "owned_by": "specdec"}
 
-    def _generate(self, kind: str, body: object, t0: float) -> None:
-        service, dialect = self.server.service, DIALECTS[kind]
-        req = dialect.parse(kind, body)  # any `model` is answered by the loaded pair (as llama-server does)
-        if kind == "infill":  # an editor plugin's: its newer request supersedes this one (llama.vim, llama.vscode)
-            # (a client: its address, slot and program: two editors on one machine share the first two)
-            req.client = f"{self.client_address[0]} {req.slot} {self.headers.get('User-Agent', '')}"
-        tokens = service.tokens(req)
-        req.prompt_tokens = len(tokens)
-        if kind == "count_tokens":
-            self._send_json(200, {"input_tokens": len(tokens)})
-            return
-        pieces = service.run(req, tokens, self._gone)
-        try:
-            # The first piece before any header: a refusal (queue full, bad settings) is still an HTTP status.
-            first = next(pieces, None)
-            if first is None:  # the client left while it waited
-                self.close_connection = True
-                return
-            rid, model = dialect.new_id(kind), service.model
-            if req.stream:
-                self._stream(dialect, req, rid, model, itertools.chain([first], pieces))
-                return
-            text, finished = whole(itertools.chain([first], pieces))
-            if finished is None:  # the client left
-                self.close_connection = True
-                return
-            answer = dialect.response(req, rid, model, text, finished)
-            if req.n > 1:  # llama-server's n_cmpl: an array of answers (greedy ones are one answer, repeated)
-                answer = [answer, *self._more(service, dialect, req, tokens, rid, answer)]
-            self._send_json(200, answer)
-            self._log(req, finished, time.perf_counter() - t0)
-        finally:
-            pieces.close()  # the generation's own finally: caches rolled back, the gate let go
-
-    def _more(self, service: Service, dialect, req: api.Request, tokens: list[int], rid: str, first: dict) -> list:
-        """The answers after the first of an n_cmpl request, each a generation of its own (seeds one apart)."""
-        if service.greedy(req):
-            return [{**first, "index": i} for i in range(1, req.n)]
-        out, seed = [], req.settings.get("seed")
-        req.client = None  # (its own answers do not supersede one another)
-        for i in range(1, req.n):
-            if seed is not None:
-                req.settings["seed"] = seed + i
-            pieces = service.run(req, tokens, self._gone)
-            try:
-                text, finished = whole(pieces)
-            finally:
-                pieces.close()
-            if finished is None:
-                raise ConnectionError("the client left")
-            out.append({**dialect.response(req, rid, service.model, text, finished), "index": i})
-        return out
-
-    def _stream(self, dialect, req: api.Request, rid: str, model: str, items) -> None:
-        """Server-sent events, as the dialect writes them (each ends a stream cut by an error its own way)."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        t0, seen = time.perf_counter(), []
-
-        def watched():
-            for item in items:
-                if isinstance(item, Finished):
-                    seen.append(item)
-                yield item
-
-        for name, data in dialect.stream(req, rid, model, watched()):
-            self._event(name, data)
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
-        if not seen:  # the client left, or the stream ended in an error
-            self.close_connection = True
-            return
-        self._log(req, seen[0], time.perf_counter() - t0)
-
     def _event(self, name: str | None, data: dict | str) -> None:
         text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=JSON)
-        if name == api.COMMENT:  # a line every SSE reader skips
+        if name == COMMENT:  # a line every SSE reader skips
             self._chunk(b": " + utf8(text) + b"\n\n")
             return
         head = b"event: " + name.encode() + b"\n" if name else b""
@@ -429,13 +349,6 @@ class Handler(BaseHTTPRequestHandler):
             ui.note(
                 f"{self.command} {quoted(self.path)} {e.status} {HTTPStatus(e.status).phrase}: {quoted(e.message, 300)}"
             )
-
-    def _log(self, req: api.Request, finished: Finished, seconds: float) -> None:
-        s = finished.stats
-        ui.note(
-            f"{req.kind}: {s.prompt_tokens} prompt tokens ({finished.cached} cached), {s.generated_tokens} tokens in "
-            f"{seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, {s.mean_accepted:.2f} per verification, {finished.reason}"
-        )
 
 
 def utf8(text: str) -> bytes:

@@ -1,7 +1,8 @@
 """llama-server's own endpoints, as the editor plugins call them: `POST /infill` (fill in the middle: llama.vim,
 llama.vscode) and `POST /completion` (Tabby, Continue with their own templates). Its request fields and its
 response: `content`, `stop_type`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `timings`, and
-`completion_probabilities` for `n_probs`; streamed as `data:` lines with no `[DONE]`.
+`completion_probabilities` for `n_probs`; streamed as `data:` lines with no `[DONE]`, an error after the start as
+`data: {"error": ...}`, the stream's last line (as llama-server's server-context.cpp ends one).
 
 As llama-server does, fields this server has no use for are ignored (the plugins send many); a field that would
 change the answer in a way we cannot (penalties, mirostat, DRY, XTC, probabilities after sampling) is refused.
@@ -17,9 +18,11 @@ from .. import options
 from ..backend import grammar
 from ..chat import fim
 from ..errors import UsageError
-from . import api, body
-from .body import COMMENT, STARTED, WAITING, ApiError, number, text, typed
-from .cuts import Probs
+from . import api
+from .body import ApiError, number, schema_grammar, text, typed
+from .items import Finished, Scored, Text
+from .request import Request
+from .stream import COMMENT, Event, Shape
 
 SETTINGS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed"}
 NO_LIMIT = 2**31 - 1  # n_predict -1: until the end of the turn or of the context
@@ -40,58 +43,58 @@ ERRORS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
 ERRORS |= {503: "unavailable_error"}
 
 
-def parse(kind: str, value: Any) -> api.Request:
+def parse(kind: str, body: Any) -> Request:
     """An /infill body (kind "infill") or a /completion body (kind "llama")."""
-    if not isinstance(value, dict):
+    if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    req = api.Request(kind, typed(value, "model", str))
+    req = Request(kind, typed(body, "model", str))
     if kind == "infill":
-        req.prompt = _text(value, "input_prefix", required=True)
-        req.suffix = _text(value, "input_suffix", required=True)
-        req.extra = _extra(value.get("input_extra"))
-        req.continued = _text(value, "prompt")
+        req.prompt = _text(body, "input_prefix", required=True)
+        req.suffix = _text(body, "input_suffix", required=True)
+        req.extra = _extra(body.get("input_extra"))
+        req.continued = _text(body, "prompt")
     else:
-        req.prompt = api.prompt_text(value.get("prompt"))
+        req.prompt = api.prompt_text(body.get("prompt"))
     for name, neutral in NEUTRAL.items():
-        given = value.get(name)
+        given = body.get(name)
         same = given == neutral and isinstance(given, bool) == isinstance(neutral, bool)  # (true is not 1.0 here)
         if given is not None and not same and not (name == "logit_bias" and given in ({}, [])):
             raise ApiError(400, f"{name} = {given!r} is not supported by this server", param=name)
-    req.stream = bool(typed(value, "stream", bool))
-    req.cache_prompt = typed(value, "cache_prompt", bool)
-    req.cache_salt = api.cache_salt(value)
-    req.stop = _stop(value.get("stop"))
-    n_predict = value.get("n_predict", value.get("max_tokens"))
+    req.stream = bool(typed(body, "stream", bool))
+    req.cache_prompt = typed(body, "cache_prompt", bool)
+    req.cache_salt = api.cache_salt(body)
+    req.stop = _stop(body.get("stop"))
+    n_predict = body.get("n_predict", body.get("max_tokens"))
     if n_predict is not None:
         n = number(n_predict, "n_predict", integer=True)
         req.settings["max_tokens"] = NO_LIMIT if n < 0 else max(n, 1)  # 0: one token, as llama-server samples
     for name, key in SETTINGS.items():
-        if value.get(name) is not None:
-            req.settings[key] = number(value[name], name, integer=key in ("top_k", "seed"))
+        if body.get(name) is not None:
+            req.settings[key] = number(body[name], name, integer=key in ("top_k", "seed"))
     if req.settings.get("seed") == -1:  # llama-server's "random"
         del req.settings["seed"]
-    n_probs = _int(value, "n_probs", 0)
+    n_probs = _int(body, "n_probs", 0)
     if not 0 <= n_probs <= options.MAX_LOGPROBS:
         raise ApiError(400, f"n_probs must be 0..{options.MAX_LOGPROBS} (got {n_probs})", param="n_probs")
     req.logprobs = n_probs or None
-    limit = value.get("t_max_predict_ms")  # (t_max_prompt_ms: llama-server reads it, and applies nothing)
+    limit = body.get("t_max_predict_ms")  # (t_max_prompt_ms: llama-server reads it, and applies nothing)
     if limit is not None and number(limit, "t_max_predict_ms", integer=False) > 0:
         req.time_limit = float(limit) / 1000
-    if value.get("n_indent") is not None:
-        req.indent = max(0, number(value["n_indent"], "n_indent", integer=True))
-    req.slot = _int(value, "id_slot", -1)
-    req.fields = _fields(value.get("response_fields"))
-    req.n = _int(value, "n_cmpl", _int(value, "n", 1))
+    if body.get("n_indent") is not None:
+        req.indent = max(0, number(body["n_indent"], "n_indent", integer=True))
+    req.slot = _int(body, "id_slot", -1)
+    req.fields = _fields(body.get("response_fields"))
+    req.n = _int(body, "n_cmpl", _int(body, "n", 1))
     if not 1 <= req.n <= MAX_N_CMPL or (req.stream and req.n > 1):
         raise ApiError(400, f"n_cmpl must be 1..{MAX_N_CMPL} (1 when streaming)", param="n_cmpl")
-    if value.get("grammar") is not None:
-        req.settings["gbnf"] = text(typed(value, "grammar", str), "grammar")
+    if body.get("grammar") is not None:
+        req.grammar = text(typed(body, "grammar", str), "grammar")
         try:  # now, not after a stream's first line
-            grammar.check(req.settings["gbnf"])
+            grammar.check(req.grammar)
         except UsageError as e:
             raise ApiError(400, f"grammar: {e.message}", param="grammar") from None
-    elif value.get("json_schema") is not None:
-        req.settings["gbnf"] = body.schema_grammar(typed(value, "json_schema", dict), "json_schema")
+    elif body.get("json_schema") is not None:
+        req.grammar = schema_grammar(typed(body, "json_schema", dict), "json_schema")
     return req
 
 
@@ -151,7 +154,7 @@ def new_id(kind: str) -> str:
     return "cmpl-" + secrets.token_hex(12)
 
 
-def stop_type(finished) -> str:
+def stop_type(finished: Finished) -> str:
     """llama-server's: "eos" (the model ended), "word" (a stop string), "limit" (n_predict, the context, a time
     or indentation limit), "none" (a newer request from the same client superseded it)."""
     if finished.superseded:
@@ -161,7 +164,7 @@ def stop_type(finished) -> str:
     return "eos" if finished.stats.stop_reason == "eos" and not finished.limit else "limit"
 
 
-def timings(finished) -> dict:
+def timings(finished: Finished) -> dict:
     s = finished.stats
     prompt_n, gen_n = max(s.prompt_tokens - finished.cached, 0), s.generated_tokens
     prompt_ms, gen_ms = s.prefill_seconds * 1000, s.generation_seconds * 1000
@@ -181,7 +184,7 @@ def timings(finished) -> dict:
     return out
 
 
-def probabilities(scored) -> list[dict]:
+def probabilities(scored: list[Scored]) -> list[dict]:
     """completion_probabilities: each token's {id, token, bytes, logprob, top_logprobs}."""
 
     def one(t: int, token: str, raw: bytes, lp: float) -> dict:
@@ -194,11 +197,11 @@ def _finite(lp: float) -> float:
     return lp if lp > -3.4028234663852886e38 else -3.4028234663852886e38  # llama-server's -inf (JSON has none)
 
 
-def response(req: api.Request, rid: str, model: str, content: str, finished) -> dict:
+def response(req: Request, rid: str, model: str, text: str, finished: Finished) -> dict:
     s = finished.stats
     out = {
         "index": 0,
-        "content": content,
+        "content": text,
         "tokens": [],
         "id_slot": max(req.slot, 0),
         "stop": True,
@@ -206,7 +209,7 @@ def response(req: api.Request, rid: str, model: str, content: str, finished) -> 
         "tokens_predicted": s.generated_tokens,
         "tokens_evaluated": s.prompt_tokens,
         "generation_settings": _settings(req),
-        "has_new_line": "\n" in content,
+        "has_new_line": "\n" in text,
         "truncated": s.stop_reason == "context",
         "stop_type": stop_type(finished),
         "stopping_word": finished.stop_sequence or "",
@@ -219,7 +222,7 @@ def response(req: api.Request, rid: str, model: str, content: str, finished) -> 
     return _only(out, req.fields)
 
 
-def _settings(req: api.Request) -> dict:
+def _settings(req: Request) -> dict:
     """generation_settings: the request's, by llama-server's names (what it did not set: the server's)."""
     names = {"max_tokens": "n_predict", **{key: name for name, key in SETTINGS.items()}}
     out = {names[k]: v for k, v in req.settings.items() if k in names}
@@ -243,35 +246,38 @@ def _only(out: dict, fields: list[str] | None) -> dict:
 _MISSING = object()
 
 
-def stream(req: api.Request, rid: str, model: str, items) -> Iterator[tuple[str | None, dict | str]]:
+def shape(req: Request, rid: str, model: str) -> Shape:
+    return _Lines(req, rid, model)
+
+
+class _Lines(Shape):
     """`data:` lines: one per piece ({content, stop: false, ...}, its tokens' probabilities where asked), then
     the whole response with empty content and stop: true. No [DONE]; an error after the start as {"error"}."""
-    finished, n, probs, newline = None, 0, [], False
-    try:
-        for item in items:
-            if item is WAITING:
-                yield COMMENT, "ping"
-            elif item is STARTED:
-                continue
-            elif isinstance(item, Probs):
-                probs = list(item)
-            elif isinstance(item, str):
-                n, newline = n + getattr(item, "tokens", 1), newline or "\n" in item
-                chunk = {"index": 0, "content": item, "tokens": [], "stop": False, "id_slot": max(req.slot, 0)}
-                chunk |= {"tokens_predicted": n, "tokens_evaluated": req.prompt_tokens}
-                if probs:
-                    chunk["completion_probabilities"], probs = probabilities(probs), []
-                yield None, chunk
-            elif hasattr(item, "stats"):
-                finished = item
-    except ApiError as e:
-        yield None, error(e)
-        return
-    if finished is not None:
-        last = response(req, rid, model, "", finished)
+
+    def __init__(self, req: Request, rid: str, model: str):
+        self.req, self.rid, self.model = req, rid, model
+        self.n = 0  # tokens the pieces sent complete
+        self.newline = False  # a piece sent held a newline
+
+    def heartbeat(self) -> Iterator[Event]:
+        yield COMMENT, "ping"
+
+    def text(self, piece: Text, probs: list[Scored]) -> Iterator[Event]:
+        self.n, self.newline = self.n + piece.tokens, self.newline or "\n" in piece
+        chunk = {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": max(self.req.slot, 0)}
+        chunk |= {"tokens_predicted": self.n, "tokens_evaluated": self.req.prompt_tokens}
+        if probs:
+            chunk["completion_probabilities"] = probabilities(probs)
+        yield None, chunk
+
+    def end(self, finished: Finished) -> Iterator[Event]:
+        last = response(self.req, self.rid, self.model, "", finished)
         if "has_new_line" in last:  # (of what the stream sent: this line's content is empty)
-            last["has_new_line"] = newline
+            last["has_new_line"] = self.newline
         yield None, last
+
+    def error(self, e: ApiError) -> Iterator[Event]:
+        yield None, error(e)
 
 
 def error(e: ApiError) -> dict:

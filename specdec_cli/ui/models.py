@@ -64,7 +64,13 @@ def pair_table(target: str, rows: list[dict]) -> None:
             expected += ": does not pay here"
         why = Text(f"same {r['kin']}", "green") if r["can_draft"] else Text(f"cannot: {r['problem']}", "dim")
         table.add_row(
-            str(i) if r["can_draft"] else "", r["name"], r["source"], params(r["params"]), r["quant"] or "-",
-            size(r["size"]), expected, why,
-        )  # fmt: skip
+            str(i) if r["can_draft"] else "",
+            r["name"],
+            r["source"],
+            params(r["params"]),
+            r["quant"] or "-",
+            size(r["size"]),
+            expected,
+            why,
+        )
     _console().print(table)

@@ -1,0 +1,169 @@
+"""What a run can draft from (`Sources`), assembled from its settings, its target and what the session holds
+(`for_run`): the one place a drafter's inputs are put together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from ..engine.kv import Sequence
+from ..errors import SpecdecError
+from .auto import AutoDrafter
+from .corpus import Corpus
+from .cost import Costs
+from .forced import Forced
+from .lookup import LookupDrafter, line_ends
+from .model import ModelDrafter
+from .mtp import HeadCache, MtpDrafter
+from .prediction import Prediction
+
+DRAFT_WINDOW = 2048  # the draft model's window: the text's first 512 tokens and its last 1,536 (window.py)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sources:
+    """What a run can draft from. Costs and the draft's sequence are asked for only by a drafter that uses
+    them: measuring the costs takes about a second (and clears the caches), and comes first; the draft's
+    sequence is taken (the draft model loaded, where it was not) at its first draft."""
+
+    k: int | None  # tokens per draft; None: auto (the cost model chooses every round)
+    costs: Callable[[], Costs]
+    draft: Callable[[], Sequence] | None  # takes the draft model's sequence; None: no draft model
+    draft_loaded: Callable[[], bool] = lambda: True  # whether taking it loads nothing (the draft model is loaded)
+    heads: Callable[[], HeadCache] | None = None  # the target's MTP heads (opened on first use); None: it has none
+    is_eog: Callable[[int], bool] = lambda token: False
+    p_min: float = 0.0
+    branches: int = 1  # the draft model's tree: at most this many branches
+    p_split: float = 0.1
+    max_nodes: int = 63  # a tree's nodes + 1 must fit the target's output rows
+    vocab: int | None = None  # the target's vocabulary: ids a draft may propose
+    window: int | None = DRAFT_WINDOW  # the draft model's window (None: the whole text)
+    max_tokens: int | None = None  # the answer's bound
+    lookup_branches: int = 1  # a lookup tree's leaves (each forks the target's state)
+    instruction: str = ""
+    corpus: Corpus | None = None  # earlier answers (the lookup cache)
+    prediction: tuple[int, ...] = ()  # the predicted answer's tokens (OpenAI's `prediction`), tokenized as `tokenize`
+    grammar: Callable[[], Any] | None = None  # a constrained run: the grammar's start state (a new one per call)
+    tokenize: Callable[[str], list[int]] = lambda text: []
+    piece: Callable[[int], bytes] = lambda token: b""
+
+    def draft_model(self) -> ModelDrafter | None:
+        if self.draft is None:
+            return None
+        grammar = self.grammar() if self.grammar is not None else None  # its rows masked as the target's
+        return ModelDrafter(
+            self.draft,
+            self.p_min,
+            self.branches,
+            self.p_split,
+            self.max_nodes,
+            self.vocab,
+            grammar,
+            self.window,
+            self.draft_loaded,
+        )
+
+    def mtp(self) -> MtpDrafter | None:
+        if self.heads is None:
+            return None
+        grammar = self.grammar() if self.grammar is not None else None
+        return MtpDrafter(self.heads(), self.p_min, self.vocab, grammar, self.is_eog)
+
+    def model_source(self, heads: bool = False) -> ModelDrafter | MtpDrafter | None:
+        """Auto's model source: the draft model where there is one (and `heads` does not ask for the heads), else
+        the target's own heads where they open (llama.cpp may refuse them a context: auto then drafts without
+        them), else none."""
+        if self.draft is not None and not heads:
+            return self.draft_model()
+        try:
+            return self.mtp()
+        except SpecdecError:
+            return None
+
+    def lookup(self) -> LookupDrafter:
+        return LookupDrafter.for_instruction(self.instruction, self.corpus, self.tokenize, self.piece, self.predicted())
+
+    def predicted(self) -> Prediction | None:
+        """The predicted answer as lookup's first source (a new cursor per drafter); None without one."""
+        return Prediction(self.prediction, line_ends(self.piece)) if self.prediction else None
+
+    def auto(self, lookup: bool = True, model: bool = True, heads: bool = False) -> AutoDrafter:
+        """heads: the target's heads as the model source even where there is a draft model (mtp -k auto)."""
+        costs = self.costs()
+        forced = Forced(self.grammar(), self.tokenize, self.piece) if self.grammar is not None else None
+        source = self.model_source(heads) if model else None
+        if isinstance(source, MtpDrafter) and costs.draft is None:  # a head's decode: measured once (milliseconds)
+            costs.draft = source.cache.time_one()
+        return AutoDrafter(
+            costs,
+            self.lookup() if lookup else None,
+            source,
+            self.lookup_branches,
+            forced=forced,
+            max_tokens=self.max_tokens,
+        )
+
+
+class Settings(Protocol):
+    """What of a run's settings its drafters read (options.RunConfig)."""
+
+    draft_tokens: int | None
+    p_min: float
+    branches: int
+    p_split: float
+    draft_window: int
+    max_tokens: int | None
+
+
+class Target(Protocol):
+    """What of the target model its drafters read (backend/native.Model)."""
+
+    n_vocab: int
+    rollback: str
+
+    def is_eog(self, token: int) -> bool: ...
+    def piece(self, token: int) -> bytes: ...
+
+
+def for_run(
+    run: Settings,
+    target: Target,
+    *,
+    costs: Callable[[], Costs],
+    draft: Callable[[], Sequence] | None,
+    draft_loaded: Callable[[], bool],
+    heads: Callable[[], HeadCache] | None,
+    slides: bool,
+    tokenize: Callable[[str], list[int]],
+    instruction: str,
+    corpus: Corpus | None,
+    prediction: tuple[int, ...],
+    grammar: Callable[[], Any] | None,
+    max_nodes: int,
+    max_leaves: int,
+) -> Sources:
+    """A run's sources: `slides`, whether the draft's cache can slide over a window of the text (a recurrent state,
+    or sliding-window layers of its own, hold the whole text); `max_nodes`, a tree's nodes (its verify batch must fit
+    the target's output rows); `max_leaves`, a lookup tree's leaves where the target's cells fork (else a chain)."""
+    return Sources(
+        k=run.draft_tokens,
+        costs=costs,
+        draft=draft,
+        draft_loaded=draft_loaded,
+        heads=heads,
+        is_eog=target.is_eog,
+        p_min=run.p_min,
+        branches=run.branches,
+        p_split=run.p_split,
+        max_nodes=max_nodes,
+        vocab=target.n_vocab,
+        window=run.draft_window or None if slides else None,
+        max_tokens=run.max_tokens,
+        lookup_branches=max_leaves if target.rollback == "cells" else 1,
+        instruction=instruction,
+        corpus=corpus,
+        prediction=prediction,
+        tokenize=tokenize,
+        grammar=grammar,
+        piece=target.piece,
+    )
