@@ -53,12 +53,12 @@ class Server:
         with self.post("/chat/completions", {"messages": messages, "max_tokens": max_tokens, **extra}) as r:
             return json.load(r)
 
-    def stream(self, prompt: str, max_tokens: int) -> tuple[float, float, int]:
-        """(time to first token, total seconds, tokens) for one streamed chat request."""
+    def stream(self, prompt: str, max_tokens: int, **extra) -> tuple[float, float, int]:
+        """(time to first token, total seconds, tokens) for one streamed chat request (`extra`: more of its body)."""
         t0 = time.perf_counter()
         first, tokens = None, 0
-        with self.post("/chat/completions", {"messages": [{"role": "user", "content": prompt}],
-                                             "max_tokens": max_tokens, "stream": True}) as r:  # fmt: skip
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True, **extra}
+        with self.post("/chat/completions", body) as r:
             for line in r:
                 if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
                     continue

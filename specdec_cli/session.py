@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import replace
 from typing import Iterator
 
@@ -312,8 +312,20 @@ def _with_setup(events: Iterator[Event], seconds: float, predicted: tuple[int, .
         yield replace(event, seconds=event.seconds + seconds, prediction=n) if isinstance(event, Prefilled) else event
 
 
-@contextmanager
-def open_session(cfg: RunConfig, max_draft: int | None = None, lazy_draft: bool = False) -> Iterator[Session]:
-    """`with open_session(cfg) as s: ...`: a Session that frees everything on the way out (contexts before models)."""
-    with ExitStack() as stack:
-        yield Session(cfg, stack, max_draft, lazy_draft)
+class open_session:
+    """`with open_session(cfg) as s: ...`: a Session that frees everything on the way out (contexts before models). A
+    class, not a generator: a caller that keeps only the session (`open_session(cfg).__enter__()`) keeps it loaded."""
+
+    def __init__(self, cfg: RunConfig, max_draft: int | None = None, lazy_draft: bool = False):
+        self.cfg, self.max_draft, self.lazy_draft = cfg, max_draft, lazy_draft
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Session:
+        try:
+            return Session(self.cfg, self._stack, self.max_draft, self.lazy_draft)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
