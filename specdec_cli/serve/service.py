@@ -35,10 +35,12 @@ KEEP_ALIVE = 5.0  # seconds a stream may go without an item: the stream loop has
 @dataclass(frozen=True)
 class Run:
     """A request's run, checked: its settings over the server's (RunConfig.override's keywords, nothing else) and
-    what it reads besides them (run_inputs.Inputs: its grammar, the calls' trigger, its prediction, its salt)."""
+    what it reads besides them (run_inputs.Inputs: its grammar, the calls' trigger, its prediction, its salt), and how
+    the model writes the calls it may make (None: its answer is text)."""
 
     settings: dict[str, Any]
     inputs: Inputs
+    call_format: calls.Format | None
 
 
 class Service:
@@ -128,7 +130,7 @@ class Service:
             salt=req.cache_salt,
         )
         asked = {} if req.logprobs is None else {"logprobs": req.logprobs}
-        return Run({**req.settings, **asked}, inputs)
+        return Run({**req.settings, **asked}, inputs, fmt)
 
     def greedy(self, req: Request) -> bool:
         """Whether this request's answer is greedy: the same every time it is asked (its settings: checked by
@@ -249,7 +251,7 @@ class Service:
             return
         events, fold, superseded = self.session.generate(tokens, run.inputs, **run.settings), Fold(), False
         piece = self.session.target.piece if req.logprobs is not None else None  # (the scored tokens' texts)
-        cut, reader = Cuts(req.stop, req.indent, req.time_limit, piece), Calls(self.call_format(req))
+        cut, reader = Cuts(req.stop, req.indent, req.time_limit, piece), Calls(run.call_format)
         try:
             for event in events:
                 fold.add(event)
