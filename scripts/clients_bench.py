@@ -115,6 +115,8 @@ def main() -> None:
                     file=sys.stderr,
                 )
             rounds.append(phases)
+    except (OSError, ValueError) as e:  # (urllib's errors are OSErrors; a cut stream's JSON a ValueError)
+        sys.exit(f"error: the server stopped answering ({e}); rounds measured: {len(rounds)}")
     finally:
         server.stop()
 
