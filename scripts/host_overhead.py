@@ -81,6 +81,7 @@ class SimContext:
     model = SimModel()
     max_rollback = None
     can_shift = True
+    last_step = (0, 0, 0.0)  # (alone: no other request's rows)
 
     def __init__(self, truth: np.ndarray, peaks: np.ndarray, seconds: float, seed: int, n_ctx: int = 4096):
         self.truth, self.peaks, self.seconds = truth, peaks, seconds  # position p's token, and its logit

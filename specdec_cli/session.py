@@ -25,9 +25,16 @@ from .engine.events import Event, Prefilled
 from .engine.speculative import generate
 from .errors import SpecdecError, UsageError
 from .once import Once
+from . import slots
+from .backend.steps import Steps
+from .slots import Slot
 from .fit import context_sizes
 from .text import with_text
 from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
+
+
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+MAX_STEP_ROWS = 4  # --parallel: output room for this many full verify batches in one step (more wait a step)
 
 
 def _seqs(model: Model, role: str) -> int:
@@ -39,11 +46,14 @@ def _seqs(model: Model, role: str) -> int:
 class Session:
     """A loaded target (and draft). Use `open_session`; it frees contexts before models."""
 
-    def __init__(self, cfg: RunConfig, stack: ExitStack, max_draft: int | None = None, lazy_draft: bool = False):
+    def __init__(
+        self, cfg: RunConfig, stack: ExitStack, max_draft: int | None = None, lazy_draft: bool = False, slots: int = 1
+    ):
         """max_draft: the longest draft a run may send (default: -k, else auto's longest): a recurrent
         target keeps a snapshot of its state per draft token. lazy_draft: load the draft model at its first
-        draft (a one-shot run's, or a batch's: a run that never drafts with it never loads it), not now."""
-        self.cfg, self._stack = cfg, stack
+        draft (a one-shot run's, or a batch's: a run that never drafts with it never loads it), not now. slots: a
+        server's generations at once (--parallel; `open_slots`), each with its share of the contexts."""
+        self.cfg, self._stack, self.parallel = cfg, stack, slots
         t0 = time.perf_counter()
         # --rpc: the target's layers on the servers (and this machine's GPUs, as llama.cpp would); the draft
         # never leaves this machine (fit.wants). Where each model's layers go is decided before it loads.
@@ -57,7 +67,7 @@ class Session:
         # The target's own draft heads (MTP), loaded where it has them and the drafter may draft with them (auto,
         # mtp: then a request or a bench row may too). A MoE model's heads hold an expert layer's weights.
         self.mtp_layers = mtp.heads_in_header(gguf_file.check(cfg.target))
-        heads = drafting.kind(cfg.drafter).heads != NEVER and mtp.usable(cfg.target)
+        heads = drafting.kind(cfg.drafter).heads != NEVER and mtp.usable(cfg.target) and slots == 1
         # Exact mode changes how the target computes; the draft's numerics never change the output.
         self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, offload=plan.target, heads=heads))
         # The heads beside the target's context, opened at the first run that drafts with them.
@@ -80,8 +90,9 @@ class Session:
         self.target_ctx = self._contexts(cfg, plan, info)
         self.curve = self._curve(cfg, plan)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
+        self.home = Slot(self.target_ctx, self.draft_context if self._draft_file else None, self.kept)
         self.prefixes: prefixes.Store | None = None  # a server's long prompts on disk (keep_prefixes)
-        self._salt: str | None = None  # the cache_salt of the run whose cells the caches keep (reused by its own)
+        self._stored = self.home  # the slot whose prompt the prefix store saves next (its last restore's)
         # A recurrent draft's state is probed with its weights (memory.rollback): it is loaded now.
         if self._draft_file and (not lazy_draft or self.draft_recurrent):
             self.draft_context()
@@ -114,21 +125,35 @@ class Session:
         """The target's context, once both contexts' sizes are known and fit this machine's memory."""
         n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, info)
         snapshots = self.max_draft if self.speculates and self.target.rollback == "snapshots" else 0
-        seqs = _seqs(self.target, "target")
-        draft_seqs = MAX_BRANCHES if info is not None and not info.recurrent else 2
+        self.n_ctx, self._seqs = (
+            n_ctx,
+            (_seqs(self.target, "target"), MAX_BRANCHES if info and not info.recurrent else 2),
+        )
+        # --parallel N: every slot's whole context and sequences; exact mode's slots have a context each (slots.py).
+        n, (seqs, draft_seqs) = self.parallel, self._seqs
         heads_bytes = mtp.kv_bytes(self.target, n_ctx, self.mtp_layers) if self.target.heads else 0
-        target, draft = (self.target, n_ctx, (1 + snapshots) * seqs), (info, draft_n_ctx, draft_seqs) if info else None
+        target = (self.target, n * n_ctx, n * (1 + snapshots) * seqs)
+        draft = (info, n * draft_n_ctx, n * draft_seqs) if info else None
         self._draft_bytes = fit.check_pair(plan, target, draft, heads_bytes)  # for the draft's fit when it loads
         # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: ModelDrafter caps a tree's nodes
-        # at MAX_DRAFT_TOKENS (max_nodes, below).
-        self._ctx = dict(n_threads=cfg.threads, max_outputs=MAX_DRAFT_TOKENS + 1)
-        self._draft_ctx_args = dict(n_ctx=draft_n_ctx, n_seq=draft_seqs)
-        with native.capture() as made:
-            ctx = self._stack.enter_context(
-                Context(self.target, n_ctx=n_ctx, n_seq=seqs, snapshots=snapshots, **self._ctx)
+        # at MAX_DRAFT_TOKENS (max_nodes, below); a step carries every slot's.
+        self._ctx = dict(n_threads=cfg.threads, max_outputs=min(n, MAX_STEP_ROWS) * (MAX_DRAFT_TOKENS + 1))
+        if n * max(self._seqs) + 1 > MAX_SEQUENCES:
+            raise UsageError(
+                f"--parallel {n}: {n} slots of {max(self._seqs)} sequences each are more than llama.cpp's "
+                f"{MAX_SEQUENCES} sequences in one context",
+                hint=f"use --parallel {(MAX_SEQUENCES - 1) // max(self._seqs)} or fewer",
             )
+        self._draft_ctx_args = dict(n_ctx=n * draft_n_ctx, n_seq=n * draft_seqs) if info else {}
+        own = cfg.exact and n > 1
+        sizes = dict(n_ctx=n_ctx, n_seq=seqs) if own else dict(n_ctx=n * n_ctx, n_seq=n * seqs)
+        with native.capture() as made:
+            self.target_contexts = [
+                self._stack.enter_context(Context(self.target, **sizes, snapshots=snapshots, **self._ctx))
+                for _ in range(n if own else 1)
+            ]
         self.placement = {"target": fit.placement(self.target, made), "draft": None}  # where the layers went
-        return ctx
+        return self.target_contexts[0]
 
     def _curve(self, cfg: RunConfig, plan: fit.Plan) -> measure.Curve:
         """The cost curve of this pair on this machine: kept from an earlier run, or measured at the first need."""
@@ -187,14 +212,25 @@ class Session:
     def prompt_tokens(self, text: str = "", **kw) -> list[int]:
         """The prompt's tokens for this target and context, with --chat and --system (chat/prompt.py: `messages`,
         `tools`, `chat`)."""
-        n_ctx, chat, system = self.target_ctx.n_ctx, self.cfg.chat, self.cfg.system
+        n_ctx, chat, system = self.n_ctx, self.cfg.chat, self.cfg.system
         return prompt.prompt_tokens(self.target, n_ctx, text, **kw, configured_chat=chat, system=system)
 
     def infill_tokens(self, prefix: str, suffix: str, extra: list[fim.Extra] = (), text: str = "") -> list[int]:
         """A fill-in-the-middle prompt's tokens for this target and context (chat/prompt.py)."""
-        return prompt.infill_tokens(self.target, self.target_ctx.n_ctx, prefix, suffix, extra, text)
+        return prompt.infill_tokens(self.target, self.n_ctx, prefix, suffix, extra, text)
 
-    def generate(self, tokens: list[int], inputs: Inputs = Inputs(), **changes) -> Iterator[Event]:
+    def open_slots(self, steps: Steps) -> list[Slot]:
+        """--parallel's slots, their decodes through `steps` (slots.py)."""
+        draft_n_ctx = self._draft_ctx_args["n_ctx"] // self.parallel if self._draft_file else None
+        draft = self.draft_context if self._draft_file else None
+        kept = functools.partial(kv.Kept, lambda: self.curve.measurements)
+        return slots.shares(
+            self.parallel, self.target_contexts, draft, steps, self.n_ctx, draft_n_ctx, self._seqs, kept
+        )
+
+    def generate(
+        self, tokens: list[int], inputs: Inputs = Inputs(), slot: Slot | None = None, **changes
+    ) -> Iterator[Event]:
         """Run the engine on prompt tokens, reading `inputs` (run_inputs.py: the instruction, corpus, reuse, grammar,
         prediction, salt). `changes`: settings of this run other than the session's (RunConfig.override, checked
         by the options' rules): a request's, a bench row's; drafter="none" decodes target-only even with a draft
@@ -204,21 +240,21 @@ class Session:
         name = self.able(run.drafter) if "drafter" in changes else self.drafter
         corpus = self.lookup_corpus(inputs.salt) if inputs.corpus is CACHED else inputs.corpus
         prediction = inputs.prediction if inputs.prediction is not None else run.prediction_text
-        return self._run(name, run, tokens, replace(inputs, corpus=corpus, prediction=prediction))
+        return self._run(name, run, tokens, replace(inputs, corpus=corpus, prediction=prediction), slot or self.home)
 
-    def _run(self, name: str, run: RunConfig, tokens: list[int], inputs: Inputs) -> Iterator[Event]:
+    def _run(self, name: str, run: RunConfig, tokens: list[int], inputs: Inputs, slot: Slot) -> Iterator[Event]:
         # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other. The
         # user waits for the set-up too: its time is the prefill's (Prefilled.seconds).
         t0 = time.perf_counter()
         reuse, salt = inputs.reuse, inputs.salt
-        self.kept.begin(fit=reuse or not run.exact)  # exact mode's prompt cells differ without reuse (below)
+        slot.kept.begin(fit=reuse or not run.exact)  # exact mode's prompt cells differ without reuse (below)
         # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
         gbnf = inputs.grammar if inputs.grammar is not None else run.gbnf
         grammar = Grammar(self.target, gbnf, inputs.trigger) if gbnf else None
         # Another namespace's cells are not reused (taken empty), though this run's may serve its own next run.
-        own, self._salt = salt == self._salt, salt
-        draft = (lambda: self.kept.take(self.draft_context(), tokens, reuse and own)) if self._draft_file else None
+        own, slot.salt = salt == slot.salt, salt
+        draft = (lambda: slot.kept.take(slot.draft(), tokens, reuse and own)) if slot.draft else None
         if self.heads.made is not None:  # the target's decodes feed the heads only in runs that draft with them
             self.heads.made.heads.detach()
         heads = self.heads if self.target.heads and drafting.kind(name).heads != NEVER else None
@@ -227,7 +263,7 @@ class Session:
         sources = drafting.for_run(
             run,
             self.target,
-            costs=functools.partial(self.curve.get, tokens),
+            costs=slot.costs(functools.partial(self.curve.get, tokens)),
             draft=draft,
             draft_loaded=lambda: self.draft_ctx is not None,
             heads=heads,
@@ -241,9 +277,10 @@ class Session:
             max_leaves=MAX_BRANCHES,
         )
         drafter = drafting.build(name, sources)
-        main = self.kept.take(self.target_ctx, tokens, reuse and own)
+        main = slot.kept.take(slot.target, tokens, reuse and own)
         if reuse and self.prefixes is not None:  # the prompt's saved blocks, where they reach further (and kept)
             self.prefixes.restore(main, tokens, salt)
+            self._stored = slot
         # Exact mode's prompt normally goes through the fast kernels (every run of a prompt decodes it
         # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in
         # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
@@ -254,9 +291,9 @@ class Session:
             events = generate(main, drafter, tokens, settings)
             yield from with_text(_with_setup(events, setup, predicted), self.target.piece)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole
-            self.kept.keep()
+            slot.kept.keep()
             raise
-        self.kept.keep()  # (a run that fails leaves nothing to trust)
+        slot.kept.keep()  # (a run that fails leaves nothing to trust)
         self.curve.check_drift()
 
     def lookup_corpus(self, salt: str | None = None) -> Corpus | None:
@@ -288,11 +325,12 @@ class Session:
         """The last prompt's blocks to the prefix store (keep_prefixes), where it has one and the prompt's cells are
         still held; by `deadline` (time.monotonic())."""
         if self.prefixes is not None:
-            self.prefixes.keep(self.kept.held(self.target_ctx), deadline)
+            self.prefixes.keep(self._stored.kept.held(self._stored.target), deadline)
 
     def unsaved_blocks(self) -> int:
         """How many of the last prompt's blocks `keep_prompt` would write."""
-        return self.prefixes.unkept(self.kept.held(self.target_ctx)) if self.prefixes is not None else 0
+        held = self._stored.kept.held(self._stored.target)
+        return self.prefixes.unkept(held) if self.prefixes is not None else 0
 
     @property
     def _looks_up(self) -> bool:
@@ -316,13 +354,13 @@ class open_session:
     """`with open_session(cfg) as s: ...`: a Session that frees everything on the way out (contexts before models). A
     class, not a generator: a caller that keeps only the session (`open_session(cfg).__enter__()`) keeps it loaded."""
 
-    def __init__(self, cfg: RunConfig, max_draft: int | None = None, lazy_draft: bool = False):
-        self.cfg, self.max_draft, self.lazy_draft = cfg, max_draft, lazy_draft
+    def __init__(self, cfg: RunConfig, max_draft: int | None = None, lazy_draft: bool = False, slots: int = 1):
+        self.cfg, self.max_draft, self.lazy_draft, self.slots = cfg, max_draft, lazy_draft, slots
         self._stack = ExitStack()
 
     def __enter__(self) -> Session:
         try:
-            return Session(self.cfg, self._stack, self.max_draft, self.lazy_draft)
+            return Session(self.cfg, self._stack, self.max_draft, self.lazy_draft, self.slots)
         except BaseException:
             self._stack.close()
             raise

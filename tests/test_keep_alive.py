@@ -37,7 +37,7 @@ class SlowService(Service):
     def overrides(self, req) -> dict:
         return {}
 
-    def _generate(self, req, tokens, changes, stop, newer=lambda: False):
+    def _generate(self, req, tokens, changes, stop, newer=lambda: False, slot=None):
         time.sleep(PREFILL)
         yield "Hi"
         yield Finished(Stats(prompt_tokens=3, generated_tokens=1, stop_reason="eos"), 0, "stop")

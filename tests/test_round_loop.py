@@ -37,6 +37,7 @@ class FakeContext:
     max_rollback = None  # cells: any tail can go (backend.context.Context)
     can_shift = True  # and cells can move (a draft's window)
     model = FakeModel()
+    last_step = (0, 0, 0.0)  # (alone: no other request's rows)
 
     def __init__(self) -> None:
         self.cells: dict[int, list[int]] = {s: [] for s in range(self.n_seq)}

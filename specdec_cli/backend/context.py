@@ -13,7 +13,7 @@ import numpy as np
 import llama_cpp.llama_cpp as L
 
 from ..errors import SpecdecError
-from . import devices
+from . import devices, steps
 from .native import Model, last_log_error, native_lib
 
 # Mesa's software Vulkan drivers (lavapipe's device is "llvmpipe (LLVM ...)"): ggml-vulkan's flash attention crashes
@@ -98,6 +98,7 @@ class Context:
         # We read logits for at most a verify batch; the default (n_batch) reserves 1 GB+ of
         # output buffers with a 150k vocabulary.
         params.n_outputs_max = max_outputs
+        self.max_outputs = max_outputs  # rows one decode may return (a step of several requests': backend/steps.py)
         # Exact mode's lone tokens get a twin in sequence n_seq (one more output row too).
         self._twin_seq = n_seq if model.exact and model.sgemm_weights else None
         if flash_attention_crashes(model):
@@ -134,6 +135,7 @@ class Context:
         # Exact mode: backends that are not the CPU, whose kernels are their own (README: Exact output).
         self.other_backends = self._reference.others if self._reference else 0
         self.decode_seconds = 0.0  # time inside llama_decode, to tell model cost from our overhead
+        self.last_step = (0, 0, 0.0)  # (engine/context.py)
         # Called after every decode with its output rows' positions and sequences (mtp.Heads: it reads their
         # hidden states); None: nothing listens.
         self.tap: Callable[[list[int], list[tuple[int, ...]]], None] | None = None
@@ -179,28 +181,68 @@ class Context:
         """Decode tokens at their own positions, each in one or more sequences (a token shared by several
         branches of a tree is computed once). Rows for tokens[first_out:], as in `decode`."""
         n = len(tokens)
+        first_out = min(max(first_out, 0), n - 1)
+        rows = self._decode(tokens, pos, seqs, [i >= first_out for i in range(n)])
+        if self.tap is not None:
+            self.tap(pos[first_out:], seqs[first_out:])
+        return rows
+
+    def decode_parts(self, parts: list[steps.Part]) -> list[np.ndarray]:
+        """ONE decode of several generations' parts (backend/steps.py): each part's rows, copied (the next step
+        decodes into the same buffer while a generation may still read them)."""
+        tokens, pos, seqs, out, sizes = [], [], [], [], []
+        for p in parts:
+            first = min(max(p.first_out, 0), len(p.tokens) - 1)
+            tokens += p.tokens
+            pos += p.pos
+            seqs += p.seqs
+            out += [i >= first for i in range(len(p.tokens))]
+            sizes.append(len(p.tokens) - first)
+        rows = self._decode(tokens, pos, seqs, out)
+        return [a.copy() for a in np.split(rows, np.cumsum(sizes)[:-1])]
+
+    def _decode(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], out: list[bool]) -> np.ndarray:
+        """One llama_decode; the logits rows of the tokens `out` marks, in order (a view into llama.cpp's buffer)."""
+        n, n_out = len(tokens), sum(out)
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
-        first_out = min(max(first_out, 0), n - 1)
-        asked = pos, seqs  # (the twin below is not one of them)
-        twin = self._twin_seq is not None and first_out == n - 1
+        twin = self._twin_seq is not None and n_out == 1
         if twin:  # one output row: its twin makes the output matmul (and a lone token's every one) two wide
-            tokens, pos, seqs = [*tokens, tokens[-1]], [*pos, pos[-1]], [*seqs, (self._twin_seq,)]
-        self._batch.fill(tokens, pos, seqs, first_out)
+            last = out.index(True)
+            tokens, pos, seqs, out = (
+                [*tokens, tokens[last]],
+                [*pos, pos[last]],
+                [*seqs, (self._twin_seq,)],
+                [*out, True],
+            )
+        self._batch.fill(tokens, pos, seqs, out)
         t0 = time.perf_counter()
         try:
             rc = L.llama_decode(self._ptr, self._batch.raw)
         finally:
             if twin:
                 self.seq_rm(self._twin_seq, -1, -1)  # its cell is free again, for the next position
-        self.decode_seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.decode_seconds += seconds
+        self.last_step = (n, n, seconds)
         if rc != 0:
             why = {1: "no free slot in the KV cache (context full)", 2: "aborted"}.get(rc, f"code {rc}")
             raise SpecdecError(f"llama_decode failed on {self.model.name}: {why}")
-        if self.tap is not None:
-            self.tap(asked[0][first_out:], asked[1][first_out:])
         ptr = L.llama_get_logits(self._ptr)
-        return np.ctypeslib.as_array(ptr, shape=(n - first_out, self.n_vocab))
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))  # (a twin's row comes after them)
+
+    def seq_state(self, seq: int) -> ctypes.Array:
+        """llama.cpp's state of a sequence's cells (a prefix cache's block)."""
+        size = L.llama_state_seq_get_size(self._ptr, seq)
+        buf = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data(self._ptr, buf, size, seq) != size:
+            raise OSError("llama.cpp could not copy the cells")
+        return buf
+
+    def set_seq_state(self, state: bytearray, seq: int) -> int:
+        """Read a sequence's cells back from `state` (seq_state's); how many bytes llama.cpp read."""
+        buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        return L.llama_state_seq_set_data(self._ptr, buf, len(state), seq)
 
     # --- KV memory: used through kv.Sequence, which owns the bookkeeping ---------------------
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
@@ -227,19 +269,17 @@ class Batch:
         self.raw = L.llama_batch_init(capacity, 0, n_seq)
         self._live = True
 
-    def fill(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int) -> None:
-        """tokens[i] at pos[i] in seqs[i]; logits for tokens[first_out:] (and always the last)."""
+    def fill(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], out: list[bool]) -> None:
+        """tokens[i] at pos[i] in seqs[i]; logits for the tokens `out` marks."""
         b = self.raw
-        n = len(tokens)
-        b.n_tokens = n
+        b.n_tokens = len(tokens)
         for i, t in enumerate(tokens):
             b.token[i] = t
             b.pos[i] = pos[i]
             b.n_seq_id[i] = len(seqs[i])
             for j, s in enumerate(seqs[i]):
                 b.seq_id[i][j] = s
-            b.logits[i] = i >= first_out
-        b.logits[n - 1] = True
+            b.logits[i] = out[i]
 
     def close(self) -> None:
         if self._live:

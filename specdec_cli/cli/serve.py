@@ -50,7 +50,14 @@ def serve(
         help="A web page (scheme://host[:port]) whose requests are answered, with CORS headers; again for more. "
         "Others' are refused (403).",
     ),
-    queue: int = typer.Option(QUEUE, "--queue", help="Requests that may wait while one generates; more get 503."),
+    parallel: int = typer.Option(
+        1,
+        "-np",
+        "--parallel",
+        help="Requests generated at once, decoded together in one batch (llama-server's -np); each has its whole "
+        "context (-c), so the caches take N times the memory.",
+    ),
+    queue: int = typer.Option(QUEUE, "--queue", help="Requests that may wait while the slots generate; more get 503."),
     max_connections: int = typer.Option(
         guard.MAX_CONNECTIONS,
         "--max-connections",
@@ -85,7 +92,7 @@ def serve(
 ) -> None:
     """Serve the pair over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses and /v1/models;
     Anthropic's /v1/messages; llama-server's /infill and /completion (editors); /health."""
-    _check(queue, prefix_cache_size, prefix_cache_hours, port)
+    _check(queue, prefix_cache_size, prefix_cache_hours, port, parallel)
     limits = _limits(max_connections, header_timeout, body_timeout)
     origins = _origins(allow_origin or [])
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
@@ -94,12 +101,12 @@ def serve(
     guard.raise_file_limit()  # a descriptor for each of the cap's connections, and to spare
     server = _listen(address, port, host, api_key, debug, limits, origins)  # before loading: a taken port fails now
     try:
-        with opened(cfg, costs=True) as session:
+        with opened(cfg, costs=True, slots=parallel) as session:
             # The lookup cache's namespaces, as the prefix cache's: by the API key (a hash of it).
             session.answers.key_hash = prefixes.key_hash(api_key)
             if prefix_cache:
                 _prefix_cache(session, int(prefix_cache_size * GIB), prefix_cache_hours * 3600, api_key)
-            server.service = Service(session, *model_names(cfg), queue)
+            server.service = Service(session, *model_names(cfg), queue, parallel)
             isolation.prestart()  # the chat template's renderer: its child's 50 ms not in the first request's
             _serve(server, host, api_key is not None, cfg)
     finally:
@@ -119,7 +126,9 @@ def _listen(
         ) from None
 
 
-def _check(queue: int, prefix_cache_size: float, prefix_cache_hours: float, port: int) -> None:
+def _check(queue: int, prefix_cache_size: float, prefix_cache_hours: float, port: int, parallel: int) -> None:
+    if parallel < 1:
+        raise UsageError(f"--parallel must be at least 1 (got {parallel})")
     if queue < 0:
         raise UsageError(f"--queue must be at least 0 (got {queue})")
     if not (math.isfinite(prefix_cache_size) and prefix_cache_size > 0):

@@ -90,6 +90,15 @@ class Costs:
     def verify(self, n: int) -> float:
         return float(self.table[min(n, len(self.table)) - 1])
 
+    def verify_many(self, n: np.ndarray) -> np.ndarray:
+        """t(n) for an array of sizes."""
+        return self.table[np.minimum(n, len(self.table)) - 1]
+
+    def beyond(self, n: np.ndarray) -> np.ndarray:
+        """t(n) past the table too: its last size's cost per token beyond it (the kernels are saturated there)."""
+        last = len(self.table)
+        return np.where(n <= last, self.table[np.minimum(n, last) - 1], self.table[-1] * n / last)
+
     @property
     def plain(self) -> float:
         return self.verify(1)
@@ -141,6 +150,80 @@ class Costs:
         self.draft = seconds_per_token if self.draft is None else _smooth(self.draft, seconds_per_token)
 
 
+class Loaded:
+    """Costs as one of several generations that share each decode (a server's --parallel slots) sees them. Where the
+    others put r rows in its last step (R = r + 1 with its own token), drafting n - 1 tokens adds
+    t(R + n - 1) - t(R) to the step, and every generation in it waits that long: R of them, about, each of which
+    emits a token a step. Drafting pays the batch where it adds tokens faster than the step's own rate, R / t(R);
+    alone a round pays where E / t(n) beats 1 / t(1). Its rounds are weighed so, as if alone, at
+    t'(n) = t(1) + R * t(1) / t(R) * (t(R + n - 1) - t(R)): t(n) itself alone; a draft model's decodes, steps the
+    others wait for too, by the same factor. On a CPU, whose t grows with every row, a full batch leaves nothing
+    for drafts; where t is flat (a GPU's few rows) the margin stays cheap. A round's time, observed, is the whole
+    step's: t(its tokens) where it carried others' rows too. `step` is the slot's context
+    (backend/slot_context.py): its last_step."""
+
+    def __init__(self, costs: Costs, step):
+        self.costs, self.step = costs, step
+
+    def __getattr__(self, name: str):
+        return getattr(self.costs, name)
+
+    @property
+    def others(self) -> int:
+        own, rows, _ = self.step.last_step
+        return max(rows - own, 0)
+
+    def verify(self, n: int) -> float:
+        return float(self.verify_many(np.asarray(n)))
+
+    @property
+    def waiting(self) -> float:
+        """The generations that wait for a longer step, at their rate: (r + 1) t(1) / t(r + 1) (1 alone)."""
+        r, c = self.others, self.costs
+        return (r + 1) * c.verify(1) / float(c.beyond(np.asarray(r + 1))) if r else 1.0
+
+    def verify_many(self, n: np.ndarray) -> np.ndarray:
+        r, c = self.others, self.costs
+        if not r:
+            return c.verify_many(n)
+        t_rows = float(c.beyond(np.asarray(r + 1)))
+        return c.verify(1) + self.waiting * (c.beyond(np.asarray(n) + r) - t_rows)
+
+    # A draft model's decodes are steps of their own, which the others wait for too.
+    @property
+    def draft(self) -> float | None:
+        return self.costs.draft * self.waiting if self.costs.draft is not None else None
+
+    @draft.setter
+    def draft(self, seconds: float | None) -> None:
+        self.costs.draft = seconds
+
+    @property
+    def draft_load(self) -> float | None:
+        return self.costs.draft_load * self.waiting if self.costs.draft_load is not None else None
+
+    def catch_up(self, gap: int) -> float:
+        return self.costs.catch_up(gap) * self.waiting
+
+    def drafting(self, k: int, catch_up: float) -> np.ndarray:
+        return catch_up + np.arange(1, k + 1) * (self.draft or 0.0)
+
+    @property
+    def plain(self) -> float:
+        return self.costs.verify(1)
+
+    def relative(self, n: int) -> float:
+        return self.verify(n) / self.plain
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        own, rows, step_seconds = self.step.last_step
+        if rows > own:  # the step carried the others' rows: it timed t(rows), where the table reaches that far
+            if rows <= len(self.costs.table):
+                self.costs.observe_verify(rows, step_seconds)
+        else:
+            self.costs.observe_verify(n, seconds)
+
+
 def _smooth(old: float, new: float, weight: float = SMOOTHING) -> float:
     new = min(max(new, old / MAX_SAMPLE_RATIO), old * MAX_SAMPLE_RATIO)
     return old + weight * (new - old)
@@ -152,8 +235,7 @@ def rate(expected, draft_seconds, costs: Costs, drafted):
     arrays over draft lengths)."""
     if isinstance(drafted, int):
         return expected / (draft_seconds + costs.verify(drafted + 1))
-    n = np.asarray(drafted) + 1
-    return expected / (draft_seconds + costs.table[np.minimum(n, len(costs.table)) - 1])
+    return expected / (draft_seconds + costs.verify_many(np.asarray(drafted) + 1))
 
 
 def expected_tokens(accept: Seq[float]) -> np.ndarray:

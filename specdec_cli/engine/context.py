@@ -28,6 +28,9 @@ class Context(Protocol):
     n_vocab: int
     max_rollback: int | None  # None: any tail of a sequence can go (KV cells); else a recurrent state's snapshots
     can_shift: bool  # cells can be moved to other positions (seq_add): a draft's window can slide
+    # Its last decode: (its own tokens, the tokens of the whole decode that carried them, its seconds): more than its
+    # own where other requests' rows shared the decode (a server's --parallel slots: backend/slot_context.py).
+    last_step: tuple[int, int, float]
 
     def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str | int) -> np.ndarray:
         """Decode tokens at pos0.. in one sequence; logits rows: "last", "all", or from index i on."""

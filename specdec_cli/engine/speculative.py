@@ -80,14 +80,14 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         k = _room(main, settings, len(feed), generated, room)
 
         t_round = time.perf_counter()
-        draft, winner, n_before, in_order, states = EMPTY, 0, len(committed), None, None
+        draft, winner, n_before, in_order, states, own, step_rows = EMPTY, 0, len(committed), None, None, 0, 0
         try:
             draft = drafter.propose(committed, k, sampler, rng)  # 1. draft
             if state is not None:  # cut where the grammar rejects it; each row's grammar state
                 draft, states = along(draft, state, sampler)
             t_draft = time.perf_counter()
             rows = draft.shape.verify(target, feed, draft.tokens)  # 2. ONE target decode
-            t_verify = time.perf_counter()
+            t_verify, (own, step_rows, _) = time.perf_counter(), main.ctx.last_step
             path, token = _accept(rows, draft, sampler, rng, model, len(committed), states)  # 3. accept
             sure = _sure(rows[path[-1] + 1 if path else 0], token, sampler) if draft.wants_confidence else None
             new = [draft.tokens[i] for i in path] + [token]
@@ -124,7 +124,8 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
             yield Token(id=t, origin=origin, logprob=lp, top=top)
         eog = end < len(new)
         emitted = end + eog  # an end-of-generation token counts, though it is not output
-        yield _round(draft, outcome, emitted, seconds, rejected=origins[-1] == Origin.CORRECTION, winner=winner)
+        rejected = origins[-1] == Origin.CORRECTION
+        yield _round(draft, outcome, emitted, seconds, rejected=rejected, winner=winner, rows=(own, step_rows))
         if eog:
             yield Stopped(reason="eos", complete=True if state is not None else None)  # the grammar allowed it
             return
@@ -160,7 +161,9 @@ def rollback(
     drafter.rollback(n, draft, winner)
 
 
-def _round(draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, rejected: bool, winner: int) -> Round:
+def _round(
+    draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, rejected: bool, winner: int, rows: tuple[int, int]
+) -> Round:
     accepted = outcome.path[:emitted]  # (nothing after an end-of-generation token)
     predicted = {i for i in draft.from_prediction if i < len(draft.tokens)}  # (a grammar may have cut the draft)
     return Round(
@@ -179,6 +182,8 @@ def _round(draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, reje
         winner=winner,
         from_prediction=len(predicted),
         prediction_accepted=sum(i in predicted for i in accepted),
+        step_rows=rows[1],
+        shared=rows[1] > rows[0],
     )
 
 

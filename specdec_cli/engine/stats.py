@@ -87,6 +87,10 @@ class Stats:
     prediction_tokens: int | None = None
     prediction_accepted: int = 0
     prediction_rejected: int = 0
+    # --parallel: the tokens of the target decodes that verified its rounds (every request's), and of its rounds those
+    # whose decode carried other requests' rows too.
+    step_rows: int = 0
+    shared_rounds: int = 0
 
     def add(self, event: Event) -> None:
         if isinstance(event, Token):
@@ -103,6 +107,8 @@ class Stats:
                 self.ttft_seconds = self.prefill_seconds + event.seconds
             self.by_drafter.setdefault(event.drafter, DrafterStats()).add(event)
             self.branches += event.branches
+            self.step_rows += event.step_rows
+            self.shared_rounds += event.shared
             self.prediction_accepted += event.prediction_accepted
             self.prediction_rejected += event.from_prediction - event.prediction_accepted
             if event.branches > 1:
@@ -202,6 +208,8 @@ class Stats:
             "mean_branches": round(self.branches / self.rounds, 4) if self.rounds else 0.0,
             "tree_rounds": self.tree_rounds,
             "branch_wins": list(self.branch_wins),
+            "mean_step_rows": round(self.step_rows / self.rounds, 4) if self.rounds else 0.0,
+            "shared_rounds": self.shared_rounds,
         } | (self._prediction() if self.prediction_tokens is not None else {})
 
     def _prediction(self) -> dict:

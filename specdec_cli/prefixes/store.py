@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 import llama_cpp
-import llama_cpp.llama_cpp as L
 
 from ..backend import cpu
 from ..backend.context import Context
@@ -189,8 +188,7 @@ class Store:
         ctx = seq.ctx
         kv.clear(ctx, [SCRATCH])
         try:
-            buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
-            read = L.llama_state_seq_set_data(ctx._ptr, buf, len(state), SCRATCH)
+            read = ctx.set_seq_state(state, SCRATCH)
             # llama.cpp read it all, as the cells of exactly this block's positions: then they join the prompt's.
             if read != len(state) or ctx.seq_pos_range(SCRATCH) != (start, start + BLOCK - 1):
                 raise Damaged("llama.cpp did not read it back as this block's cells")
@@ -295,10 +293,9 @@ def _block(seq: kv.Sequence, i: int) -> ctypes.Array:
     kv.clear(ctx, [SCRATCH])
     try:
         ctx.seq_cp(seq.seq_id, SCRATCH, i * BLOCK, (i + 1) * BLOCK)
-        size = L.llama_state_seq_get_size(ctx._ptr, SCRATCH)
-        buf = (ctypes.c_uint8 * size)()
-        if L.llama_state_seq_get_data(ctx._ptr, buf, size, SCRATCH) != size:
-            raise OSError(f"llama.cpp could not copy block {i}'s cells")
-        return buf
+        try:
+            return ctx.seq_state(SCRATCH)
+        except OSError:
+            raise OSError(f"llama.cpp could not copy block {i}'s cells") from None
     finally:
         kv.clear(ctx, [SCRATCH])

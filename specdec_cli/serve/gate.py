@@ -1,4 +1,4 @@
-"""One generation at a time on the loaded pair, and a bounded queue for the requests that wait for it."""
+"""The generations the loaded pair runs at once (one, or --parallel N), and a bounded queue for the requests that wait."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from .jobs import shutting_down
 
 
 class Gate:
-    """One generation at a time on the loaded pair; at most `queue` requests wait for it, the rest get 503."""
+    """`slots` generations at a time on the loaded pair; at most `queue` requests wait for one, the rest get 503."""
 
-    def __init__(self, queue: int):
-        self.queue = queue
+    def __init__(self, queue: int, slots: int = 1):
+        self.queue, self.slots = queue, slots
         self.closing = False
         self._cond = threading.Condition()
-        self._busy = False
+        self._running = 0
         self._waiting = 0
         self._seconds = 1.0  # a running mean of how long a generation holds the gate: for Retry-After
 
@@ -29,7 +29,8 @@ class Gate:
             if self._busy and self._waiting >= self.queue:
                 raise ApiError(
                     503,
-                    f"busy: a generation is running and {self._waiting} request(s) wait (the queue holds {self.queue})",
+                    f"busy: {self._running} generation(s) running and {self._waiting} request(s) wait (the queue holds "
+                    f"{self.queue})",
                     code="queue_full",
                     retry_after=self._retry_after(),
                 )
@@ -42,18 +43,23 @@ class Gate:
                 self._waiting -= 1
             if self.closing:
                 raise shutting_down()
-            self._busy = True
+            self._running += 1
         t0 = time.monotonic()
         try:
             yield
         finally:
             with self._cond:
                 self._seconds = 0.8 * self._seconds + 0.2 * (time.monotonic() - t0)
-                self._busy = False
+                self._running -= 1
                 self._cond.notify()
 
+    @property
+    def _busy(self) -> bool:
+        return self._running >= self.slots
+
     def _retry_after(self) -> int:
-        return max(1, round(self._seconds * (self._waiting + 1)))
+        """When a place is likely free: the waiting requests' turns, `slots` at a time, at the mean generation's time."""
+        return max(1, round(self._seconds * (self._waiting + 1) / self.slots))
 
     def close(self) -> None:
         """No new generations; waiting requests get 503, the one running ends after its current round."""

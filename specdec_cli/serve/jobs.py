@@ -9,6 +9,8 @@ from typing import Callable, Iterator
 
 from .. import ui
 from ..signals import INTERRUPTS
+from ..backend.steps import NORMAL
+from ..slots import Slot
 from .body import ApiError
 
 
@@ -47,6 +49,8 @@ class Job:
         self.out: queue.Queue = queue.Queue()
         self.cancel = threading.Event()  # the connection gave up: stop after the current round
         self.done = threading.Event()
+        self.urgency = NORMAL  # --parallel: how soon its prompt goes (pool.priority)
+        self.slot: Slot | None = None  # --parallel: where it runs (given when it starts)
 
     def execute(self) -> None:
         try:

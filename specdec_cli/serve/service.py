@@ -1,6 +1,6 @@
-"""What the server does with a request, without HTTP: one loaded pair, one generation at a time (gate.py), a bounded
-queue, prefix reuse, and a stream of the answer's items (items.py) that stops when the client leaves or the server
-stops."""
+"""What the server does with a request, without HTTP: one loaded pair, one generation at a time or --parallel N
+(gate.py, pool.py), a bounded queue, prefix reuse, and a stream of the answer's items (items.py) that stops when the
+client leaves or the server stops."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 from .. import chat, ui
 from ..chat import ToolCall, calls, fim
+from ..backend.steps import Left
 from ..engine.events import Prefilled, Round, Stopped, Token
 from ..engine.stats import Fold, Stats
 from ..errors import SpecdecError, UsageError
@@ -19,12 +20,14 @@ from ..options import OptionError
 from ..prefixes import STOP_SECONDS
 from ..run_inputs import Inputs
 from ..session import PromptTooLong, Session
+from ..slots import Slot
 from .api import api_name, completion, finish_reason, new_id
 from .body import ApiError
 from .cuts import Cuts
 from .gate import Gate
 from .items import STARTED, WAITING, Finished, Item, Streamed, whole
 from .jobs import END, Job, Newest, shutting_down
+from .pool import Pool, priority
 from .request import Request
 from .toolcalls import Calls, constraint
 
@@ -44,11 +47,12 @@ class Run:
 
 
 class Service:
-    def __init__(self, session: Session, model: str, model_ids: set[str], waiting: int):
+    def __init__(self, session: Session, model: str, model_ids: set[str], waiting: int, parallel: int = 1):
         self.session = session
         self.model = model  # the id responses and /v1/models show
         self.model_ids = model_ids  # the names a request's `model` may use
-        self.gate = Gate(waiting)
+        self.gate = Gate(waiting, parallel)
+        self.pool = Pool(session) if parallel > 1 else None
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._submitting = threading.Lock()  # a job is handed over, or refused once `work` has ended: never lost
         self._closed = False
@@ -154,7 +158,10 @@ class Service:
         run = self.overrides(req)
         newer = Newest(self._latest, req.client)
         with self.gate.turn(newer.arrive):
-            job = Job(lambda cancelled: self._generate(req, tokens, run, lambda: gone() or cancelled(), newer))
+            job = Job(
+                lambda cancelled: self._generate(req, tokens, run, lambda: gone() or cancelled(), newer, job.slot)
+            )
+            job.urgency = priority(req)
             self._submit(job)
             try:
                 if req.stream:
@@ -184,9 +191,10 @@ class Service:
         """Run the generations, one at a time, on the calling thread until `stop` (the main thread:
         llama.cpp's OpenMP threads belong to the thread that calls it, and a second team, made by a
         connection's thread, spins against the first for the same cores: a third slower, measured).
-        A signal raised here cuts the running generation cleanly and ends the loop."""
+        A signal raised here cuts the running generation cleanly and ends the loop. With --parallel, the pool
+        runs them (pool.py)."""
         try:
-            while not stop.is_set():
+            while self.pool is None and not stop.is_set():
                 try:
                     job = self._jobs.get(timeout=0.1)
                 except queue.Empty:
@@ -194,6 +202,8 @@ class Service:
                 job.execute()
                 if self._jobs.empty():  # its answer is out and nobody waits: keep its prompt on disk now
                     self._keep_prompt()
+            if self.pool is not None:
+                self.pool.work(stop, self._jobs, self._keep_prompt)
         finally:
             # Close the gate before the cut generation's connection lets go of it (or a waiter would get
             # its turn and hand over a job that nobody runs), then refuse whatever was handed over.
@@ -233,6 +243,8 @@ class Service:
                 job.refuse(shutting_down())
             else:
                 self._jobs.put(job)
+                if self.pool is not None:
+                    self.pool.steps.poke()
 
     def _generate(
         self,
@@ -241,6 +253,7 @@ class Service:
         run: Run,
         stop: Callable[[], bool],
         newer: Callable[[], bool] = lambda: False,
+        slot: Slot | None = None,
     ) -> Iterator[Item]:
         """The answer's items: the engine's events through the cuts (stop strings, n_indent, the time limit, the
         log probabilities: cuts.Cuts), then through the tool calls' reader (toolcalls.Calls), then Finished. Ends
@@ -249,7 +262,7 @@ class Service:
         if newer():  # superseded while it waited: nothing to prefill for
             yield Finished(Stats(), 0, "length", superseded=True)
             return
-        events, fold, superseded = self.session.generate(tokens, run.inputs, **run.settings), Fold(), False
+        events, fold, superseded = self.session.generate(tokens, run.inputs, slot, **run.settings), Fold(), False
         piece = self.session.target.piece if req.logprobs is not None else None  # (the scored tokens' texts)
         cut, reader = Cuts(req.stop, req.indent, req.time_limit, piece), Calls(run.call_format)
         try:
@@ -273,6 +286,8 @@ class Service:
                         break
         except SpecdecError as e:
             raise ApiError(500 if not isinstance(e, UsageError) else 400, e.message) from None
+        except Left:  # --parallel: its client left during its prompt (a slot's decodes stop at once)
+            return
         finally:
             events.close()  # the engine's rollback, when it stopped early
         if fold.stats.stop_reason in ("eos", "max_tokens") and not (cut.ended or superseded):

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""An editor's fill-in-the-middle request while another client's long prompt is being read: its time to first token,
+against the same request alone (issue 49's measure).
+
+    python scripts/priority_bench.py --rounds 3 -- -t 2 -c 12288
+
+One `specdec serve --parallel 2` is started on 127.0.0.1 (a free port) with the arguments after `--`, the lookup cache
+off, and stopped at the end; with --today, also today's server (one generation at a time), measured the same way. A
+round sends the /infill request (a prefix of about --prefix tokens of this project's code, a short suffix, 16 tokens
+asked, `cache_prompt` off) alone, then again --delay seconds after a streamed chat request whose prompt is about
+--long tokens of code (also `cache_prompt` off) was sent, whose client then leaves (today's server: reads it to its
+end, as it cannot stop a prefill); the order of the two alternates round by round. Prints the medians: TTFT alone,
+TTFT beside the long prompt, their difference, and the /infill prompt's length as the server counted it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import signal
+import socket
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from serve_bench import Server
+
+HERE = Path(__file__).parent
+CHARS_PER_TOKEN = 3.6  # this project's Python through Qwen2.5's tokenizer, about
+LEAVE_SECONDS = 8.0  # after the long prompt's client leaves: its next keep-alive write (5 s) finds it gone
+
+
+def code(tokens: int, skip: int = 0) -> str:
+    """About `tokens` tokens of this project's sources (files from the `skip`-th on, so two texts share nothing)."""
+    files = sorted((HERE.parent / "specdec_cli").rglob("*.py"))
+    text, want = "", int(tokens * CHARS_PER_TOKEN)
+    for f in files[skip:] + files[:skip]:
+        text += f.read_text()
+        if len(text) >= want:
+            break
+    return text[:want]
+
+
+def post(url: str, body: dict):
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=3600)
+
+
+def infill(base: str, prefix: str) -> tuple[float, int]:
+    """(time to its first piece of text, prompt tokens) of one streamed /infill request."""
+    t0, first, prompt_n = time.perf_counter(), None, 0
+    body = {"input_prefix": prefix, "input_suffix": "\n    return result\n", "n_predict": 16, "stream": True}
+    with post(base + "/infill", {**body, "cache_prompt": False}) as r:
+        for line in r:
+            if not line.startswith(b"data: "):
+                continue
+            event = json.loads(line[6:])
+            if first is None and event.get("content"):
+                first = time.perf_counter() - t0
+            prompt_n = event.get("timings", {}).get("prompt_n", prompt_n)
+    return first or time.perf_counter() - t0, prompt_n
+
+
+def open_long(server: Server, text: str):
+    """The long chat prompt, streamed (keep-alive pings flow while it prefills): its connection and response."""
+    host, port = server.url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=3600)
+    body = {"messages": [{"role": "user", "content": "Summarize this code:\n" + text}], "max_tokens": 8}
+    conn.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True, "cache_prompt": False}))
+    return conn, conn.getresponse()
+
+
+def beside(server: Server, base: str, prefix: str, long_text: str, delay: float, wait: bool) -> tuple[float, int]:
+    """The /infill request sent `delay` seconds after the long chat prompt: (its TTFT, its prompt tokens). Then the
+    long one's client leaves (a parallel server stops its prefill), or, `wait`, reads it to its end (today's server
+    cannot stop a prefill under way: the next request would wait for it)."""
+    conn, r = open_long(server, long_text)
+    time.sleep(delay)
+    ttft, n = infill(base, prefix)
+    if wait:
+        r.read()
+    else:
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        time.sleep(LEAVE_SECONDS)  # (it stops at its next keep-alive write and chunk)
+    conn.close()
+    return ttft, n
+
+
+def measure(server: Server, a, prefix: str, long_text: str, label: str) -> dict:
+    base = server.url.removesuffix("/v1")
+    infill(base, prefix[:200])  # warm-up
+    alone, loaded, prefix_n = [], [], 0
+    for r in range(a.rounds):
+        for kind in ("alone", "beside") if r % 2 == 0 else ("beside", "alone"):
+            if kind == "alone":
+                ttft, prefix_n = infill(base, prefix)
+                alone.append(ttft)
+            else:
+                ttft, prefix_n = beside(server, base, prefix, long_text, a.delay, wait=label == "today")
+                loaded.append(ttft)
+            print(f"[{label} round {r + 1}/{a.rounds}] {kind}: TTFT {ttft:.2f} s", file=sys.stderr)
+    return {
+        "ttft_alone": round(statistics.median(alone), 3),
+        "ttft_beside_long_prompt": round(statistics.median(loaded), 3),
+        "difference": round(statistics.median(b - x for b, x in zip(loaded, alone)), 3),
+        "infill_prompt_tokens": prefix_n,
+    }
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # (the servers are stopped on the way out)
+    argv = sys.argv[1:]
+    rest = argv[argv.index("--") + 1 :] if "--" in argv else []
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prefix", type=int, default=1500, help="the /infill prefix, in tokens (about)")
+    p.add_argument("--long", type=int, default=8000, help="the other client's prompt, in tokens (about)")
+    p.add_argument("--delay", type=float, default=5.0, help="seconds between the long prompt and the /infill")
+    p.add_argument("--today", action="store_true", help="also today's server, one generation at a time")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    prefix, long_text = code(a.prefix), code(a.long, skip=20)
+    out = {"rounds": a.rounds, "long_prompt_tokens_about": int(len(long_text) / CHARS_PER_TOKEN), "serve_args": rest}
+    for label, extra in [("parallel", ["--parallel", "2"])] + ([("today", [])] if a.today else []):
+        server = Server(["--no-lookup-cache", *extra, *rest])
+        try:
+            out[label] = measure(server, a, prefix, long_text, label)
+        except (OSError, ValueError) as e:
+            sys.exit(f"error: the server stopped answering ({e})")
+        finally:
+            server.stop()
+    print(json.dumps(out, indent=2))
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
