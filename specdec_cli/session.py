@@ -72,6 +72,11 @@ class Session:
         self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, offload=plan.target, heads=heads))
         # The heads beside the target's context, opened at the first run that drafts with them.
         self.heads = Once(lambda: HeadCache(stack.enter_context(mtp.Heads(self.target_ctx, cfg.threads))))
+        if slots > 1 and cfg.drafter == "mtp":
+            raise UsageError(
+                "--drafter mtp drafts with the target's own heads for one generation at a time: not with --parallel",
+                hint="use --drafter auto (it drafts with lookup or a draft model), or no --parallel",
+            )
         self.drafter = self._speculation(cfg)  # the drafter, plain decoding where the target cannot roll back
         self.speculates = not drafting.kind(self.drafter).plain
         self.answers = lookup_cache.Answers(lambda: self.vocab_key, self.warnings.append)  # lookup's earlier answers

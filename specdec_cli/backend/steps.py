@@ -22,7 +22,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 # A prompt's chunk: tokens of a prompt decoded in one step beside the others' rows. A step waits for its slowest
-# part, so a chunk bounds how long a prompt delays everyone else (256 tokens: about 2.5 s for the 1.5B target on
+# part, so a chunk bounds how long a prompt delays everyone else (256 tokens: about 2 s for the 1.5B target on
 # 2 cores) and how long a more urgent prompt waits for the chunk already under way.
 CHUNK = 256
 URGENT, NORMAL = 0, 1  # a request's priority: an editor's (/infill, /completion) goes first; a chat turn's after

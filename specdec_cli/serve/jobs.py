@@ -52,7 +52,9 @@ class Job:
         self.urgency = NORMAL  # --parallel: how soon its prompt goes (pool.priority)
         self.slot: Slot | None = None  # --parallel: where it runs (given when it starts)
 
-    def execute(self) -> None:
+    def execute(self, release: Callable[[], None] = lambda: None) -> None:
+        """Run it; `release` runs once it is over, before anyone waiting for it hears so (its slot is free again
+        before the gate lets the next request in)."""
         try:
             if self.cancel.is_set():  # its client left while it waited: nothing to generate for
                 return
@@ -67,6 +69,7 @@ class Job:
         except Exception as e:  # a bug: the connection answers 500, the server goes on
             self.out.put(e)
         finally:
+            release()
             self.out.put(END)
             self.done.set()
 

@@ -45,12 +45,15 @@ class Pool:
     def _run(self, job: Job, slot: Slot) -> None:
         try:
             with self.steps.joined():
-                job.execute()
+                job.execute(release=lambda: self._release(slot))
         finally:
             with self._lock:
-                self._free.append(slot)
                 self._threads.discard(threading.current_thread())
             self.steps.poke()
+
+    def _release(self, slot: Slot) -> None:
+        with self._lock:
+            self._free.append(slot)
 
     def work(self, stop: threading.Event, jobs: queue.Queue, idle: Callable[[], None]) -> None:
         """Start the jobs handed over and decode the steps until `stop`; `idle` runs (with the contexts to itself)
