@@ -130,10 +130,7 @@ class Session:
         """The target's context, once both contexts' sizes are known and fit this machine's memory."""
         n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, info)
         snapshots = self.max_draft if self.speculates and self.target.rollback == "snapshots" else 0
-        self.n_ctx, self._seqs = (
-            n_ctx,
-            (_seqs(self.target, "target"), MAX_BRANCHES if info and not info.recurrent else 2),
-        )
+        self._seqs = (_seqs(self.target, "target"), MAX_BRANCHES if info and not info.recurrent else 2)
         # --parallel N: every slot's whole context and sequences; exact mode's slots have a context each (slots.py).
         n, (seqs, draft_seqs) = self.parallel, self._seqs
         heads_bytes = mtp.kv_bytes(self.target, n_ctx, self.mtp_layers) if self.target.heads else 0
@@ -151,13 +148,16 @@ class Session:
             )
         self._draft_ctx_args = dict(n_ctx=n * draft_n_ctx, n_seq=n * draft_seqs) if info else {}
         own = cfg.exact and n > 1
-        sizes = dict(n_ctx=n_ctx, n_seq=seqs) if own else dict(n_ctx=n * n_ctx, n_seq=n * seqs)
+        sizes = dict(n_ctx=n * n_ctx, n_seq=n * seqs, n_threads=cfg.threads, max_outputs=self._ctx["max_outputs"])
+        if own:  # (a context of its own decodes one slot's rows at a time)
+            sizes.update(n_ctx=n_ctx, n_seq=seqs, max_outputs=MAX_DRAFT_TOKENS + 1)
         with native.capture() as made:
             self.target_contexts = [
-                self._stack.enter_context(Context(self.target, **sizes, snapshots=snapshots, **self._ctx))
+                self._stack.enter_context(Context(self.target, **sizes, snapshots=snapshots))
                 for _ in range(n if own else 1)
             ]
         self.placement = {"target": fit.placement(self.target, made), "draft": None}  # where the layers went
+        self.n_ctx = self.target_contexts[0].n_ctx // (1 if own else n)  # a request's context (llama.cpp may pad)
         return self.target_contexts[0]
 
     def _curve(self, cfg: RunConfig, plan: fit.Plan) -> measure.Curve:
@@ -225,7 +225,10 @@ class Session:
         return prompt.infill_tokens(self.target, self.n_ctx, prefix, suffix, extra, text)
 
     def open_slots(self, steps: Steps) -> list[Slot]:
-        """--parallel's slots, their decodes through `steps` (slots.py)."""
+        """--parallel's slots, their decodes through `steps` (slots.py). The cost curve is measured first, where it was
+        not (a request may ask for auto): measuring empties every sequence."""
+        if self.curve.costs is None:
+            self.curve.get(self.target.tokenize("Hello, world.", special=True))
         draft_n_ctx = self._draft_ctx_args["n_ctx"] // self.parallel if self._draft_file else None
         draft = self.draft_context if self._draft_file else None
         kept = functools.partial(kv.Kept, lambda: self.curve.measurements)

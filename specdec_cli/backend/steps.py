@@ -25,6 +25,7 @@ import numpy as np
 # part, so a chunk bounds how long a prompt delays everyone else (256 tokens: about 2 s for the 1.5B target on
 # 2 cores) and how long a more urgent prompt waits for the chunk already under way.
 CHUNK = 256
+SERVED = 1024  # generations whose last prompt chunk's step is remembered (more are forgotten, the oldest first)
 URGENT, NORMAL = 0, 1  # a request's priority: an editor's (/infill, /completion) goes first; a chat turn's after
 
 
@@ -79,6 +80,7 @@ class Steps:
         self._closed: BaseException | None = None
         self._poked = False
         self._orders = itertools.count()
+        self._served: dict[int, int] = {}  # a generation's (its order's) last step that took a chunk of its prompt
         self.steps = self.rows = self.shared = 0
         self.seconds = 0.0  # in the steps' decodes
 
@@ -180,14 +182,15 @@ class Steps:
         return bool(self._waiting) and len(self._waiting) >= self._running
 
     def _choose(self) -> tuple[Decodes, list[Part]]:
-        """One context's parts for the next step. A draft model's one-token decodes go first: their generations
-        then join the target's step. Of a context's parts: every generating one, then prompts' chunks, the most
-        urgent and earliest first, up to `chunk` prompt tokens a step (at least one chunk: a step with nothing
-        else takes a whole one), none after a more urgent prompt's."""
+        """One context's parts for the next step: a draft model's first (its generations then join the target's
+        step), then the target's; of several target contexts (exact mode: one a slot), the one that has waited
+        longest, prompts after generating rows. Of a context's parts: every generating one, then prompts' chunks, the
+        most urgent first and among equals the one served least recently (a short prompt is not stuck behind a long
+        one), up to `chunk` prompt tokens a step (at least one chunk: a step with nothing else takes a whole one)."""
         by_ctx: dict[int, tuple[Decodes, list[Part]]] = {}
         for ctx, p in self._waiting:
             by_ctx.setdefault(id(ctx), (ctx, []))[1].append(p)
-        ctx, waiting = min(by_ctx.values(), key=_urgency)
+        ctx, waiting = min(by_ctx.values(), key=self._urgency)
         parts, outputs = [], 0
         for p in (p for p in waiting if not p.prompt):  # (every one fits, but where many draft long: next step)
             if outputs + p.outputs <= ctx.max_outputs:
@@ -195,7 +198,7 @@ class Steps:
                 outputs += p.outputs
         room = ctx.n_batch - sum(len(p.tokens) for p in parts)
         budget = self.chunk
-        prompts = sorted((p for p in waiting if p.prompt), key=lambda p: (p.priority, p.order))
+        prompts = sorted((p for p in waiting if p.prompt), key=lambda p: (p.priority, self._served.get(p.order, -1)))
         for p in prompts:
             if p.priority > prompts[0].priority or len(p.tokens) > min(room, budget):
                 break
@@ -203,11 +206,20 @@ class Steps:
                 break
             parts.append(p)
             room, budget, outputs = room - len(p.tokens), budget - len(p.tokens), outputs + p.outputs
-        return ctx, parts or [prompts[0]]
+        parts = parts or [prompts[0]]
+        for p in parts:
+            if p.prompt:  # (moved to the end: the least recently served are the first keys, and go when too many)
+                self._served.pop(p.order, None)
+                self._served[p.order] = self.steps
+                if len(self._served) > SERVED:
+                    del self._served[next(iter(self._served))]
+        return ctx, parts
 
-
-def _urgency(group: tuple[Decodes, list[Part]]) -> tuple:
-    """Which context's parts go first (exact mode's slots have a target context each): generating before prompts,
-    a draft model's before the target's, then the most urgent and earliest generation's."""
-    parts = group[1]
-    return any(p.prompt for p in parts), parts[0].target, min((p.priority, p.order) for p in parts)
+    def _urgency(self, group: tuple[Decodes, list[Part]]) -> tuple:
+        """Which context's parts go first: a draft model's before the target's; of the target's (exact mode's
+        slots have one each), one with generating rows before one with only prompts, the more urgent prompt first,
+        then the one whose parts have waited longest (its first in the line of parts handed over)."""
+        parts = group[1]
+        first = next(i for i, (_, p) in enumerate(self._waiting) if p in parts)
+        prompts_only = all(p.prompt for p in parts)
+        return parts[0].target, prompts_only, min(p.priority for p in parts) if prompts_only else NORMAL, first

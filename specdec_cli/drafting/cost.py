@@ -216,12 +216,13 @@ class Loaded:
         return self.verify(n) / self.plain
 
     def observe_verify(self, n: int, seconds: float) -> None:
+        """The step's own time (the round's includes the steps that went before it): t(its tokens)."""
         own, rows, step_seconds = self.step.last_step
-        if rows > own:  # the step carried the others' rows: it timed t(rows), where the table reaches that far
-            if rows <= len(self.costs.table):
-                self.costs.observe_verify(rows, step_seconds)
-        else:
-            self.costs.observe_verify(n, seconds)
+        if rows <= len(self.costs.table):
+            self.costs.observe_verify(rows, step_seconds)
+
+    def observe_draft(self, seconds_per_token: float) -> None:
+        """Not learned beside others: a round's drafting time includes the steps that went before its own."""
 
 
 def _smooth(old: float, new: float, weight: float = SMOOTHING) -> float:
