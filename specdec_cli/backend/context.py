@@ -31,6 +31,11 @@ def flash_attention_crashes(model: Model) -> bool:
     return any(d.name.startswith("Vulkan") and d.description.startswith(SOFTWARE_VULKAN) for d in on)
 
 
+def in_one_sequence(n: int, pos0: int, seq_id: int, outputs: str | int) -> tuple[list[int], list[tuple[int, ...]], int]:
+    """`decode`'s n tokens as `decode_tree` takes them: their positions, their sequence, the first row out."""
+    return list(range(pos0, pos0 + n)), [(seq_id,)] * n, {"all": 0, "last": n - 1}.get(outputs, outputs)
+
+
 class ReferenceKernels:
     """ggml's reference mode on a context's CPU backends, on or off (`ggml_backend_cpu_set_use_ref`).
 
@@ -171,9 +176,7 @@ class Context:
         outputs: "last" (one row), "all" (a row per token), or i: rows for tokens[i:]. The rows are a
         view into llama.cpp's buffer, valid until the next decode: read them, never keep them.
         """
-        n = len(tokens)
-        first = {"all": 0, "last": n - 1}.get(outputs, outputs)
-        return self.decode_tree(tokens, list(range(pos0, pos0 + n)), [(seq_id,)] * n, first)
+        return self.decode_tree(tokens, *in_one_sequence(len(tokens), pos0, seq_id, outputs))
 
     def decode_tree(
         self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int = 0

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from ..option_limits import MAX_DRAFT_TOKENS
-from .context import Context
+from .context import Context, in_one_sequence
 from .steps import NORMAL, Left, Part, Steps
 
 MAX_VERIFY = MAX_DRAFT_TOKENS + 1  # a verify batch's rows at most: a decode of more is a prompt's chunk
@@ -40,9 +40,7 @@ class SlotContext:
         return self.ctx.decode_seconds
 
     def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str | int) -> np.ndarray:
-        n = len(tokens)
-        first = {"all": 0, "last": n - 1}.get(outputs, outputs)
-        return self.decode_tree(tokens, list(range(pos0, pos0 + n)), [(seq_id,)] * n, first)
+        return self.decode_tree(tokens, *in_one_sequence(len(tokens), pos0, seq_id, outputs))
 
     def decode_tree(
         self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int = 0
