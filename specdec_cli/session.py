@@ -8,7 +8,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Iterator
 
-from . import drafting, fit, prefixes
+from . import drafting, drafts, fit, prefixes
 from .backend import devices, gguf_file, mtp, native, rpc, vocab
 from .backend.context import Context
 from .backend.grammar import Grammar
@@ -23,7 +23,7 @@ from .chat import fim, prompt
 from .chat.prompt import PromptTooLong  # noqa: F401 (re-exported: the server and tests catch it)
 from .engine.events import Event, Prefilled
 from .engine.speculative import generate
-from .errors import SpecdecError, UsageError
+from .errors import UsageError
 from .once import Once
 from . import slots
 from .backend.steps import Steps
@@ -77,13 +77,22 @@ class Session:
                 "--drafter mtp drafts with the target's own heads for one generation at a time: not with --parallel",
                 hint="use --drafter auto (it drafts with lookup or a draft model), or no --parallel",
             )
-        self.drafter = self._speculation(cfg)  # the drafter, plain decoding where the target cannot roll back
-        self.speculates = not drafting.kind(self.drafter).plain
+        drafter = self._speculation(cfg)  # plain decoding where the target cannot roll back
+        self.speculates = not drafting.kind(drafter).plain
+        # The draft: a draft model, or one trained on the target's hidden states (checked against it: drafts.py).
+        self.draft_of = drafts.read(cfg, self.target, stack, self.speculates, self.warnings.append)
+        self._draft_file, info = self.draft_of.model, self.draft_of.info
+        self.drafter = drafts.drafter(drafter, self.draft_of, cfg.branches)  # model -> eagle3 for an EAGLE-3 file
+        if slots > 1 and self.draft_of.hidden is not None:
+            raise UsageError(
+                f"{self.draft_of.hidden.label} drafts read the target's hidden states for one generation at a time: "
+                "not with --parallel",
+                hint="use --parallel 1, or a draft model (--draft) or lookup with --parallel",
+            )
         self.answers = lookup_cache.Answers(lambda: self.vocab_key, self.warnings.append)  # lookup's earlier answers
         self.draft: Model | None = None  # loaded, with its context, where it first drafts (`draft_context`)
         self.draft_ctx: Context | None = None
         self.draft_context = Once(self._load_draft)  # the draft's context, the model loaded at its first draft
-        info = self._draft_info(cfg)
         # A draft whose cache cannot slide holds the whole text (drafting/window.py): a recurrent state, or
         # layers with a sliding window of their own.
         self.draft_slides = info is not None and not info.recurrent and not info.sliding_window
@@ -93,6 +102,9 @@ class Session:
         # snapshots of its state (the verify batch of max_draft + 1 tokens holds them all).
         self.max_draft = max_draft or cfg.draft_tokens or AUTO_K_MAX
         self.target_ctx = self._contexts(cfg, plan, info)
+        # An EAGLE-3 or DFlash draft, loaded beside the target's context at the first run that drafts with it.
+        file, n, n_bytes = self.draft_of.hidden, self.n_ctx, self._draft_bytes
+        self.hidden = Once(lambda: drafts.open_hidden(file, self.target_ctx, plan, n, n_bytes, cfg.threads, stack))
         self.curve = self._curve(cfg, plan)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
         self.home = Slot(self.target_ctx, self.draft_context if self._draft_file else None, self.kept)
@@ -111,26 +123,15 @@ class Session:
             )
         self.load_seconds = time.perf_counter() - t0
 
-    def _draft_info(self, cfg: RunConfig) -> Model | None:
-        """The draft's vocabulary and sizes, read without its weights: whether it pairs, what its cache costs."""
-        self._draft_file = cfg.draft if cfg.draft and self.speculates else None
-        info = self._stack.enter_context(Model(self._draft_file, vocab_only=True)) if self._draft_file else None
-        why = vocab.incompatibility(self.target, info) if info is not None else None
-        if why and cfg.draft_chosen_by == "auto":  # chosen by its header: llama.cpp's own check has the last word
-            self.warnings.append(f"{info.name}, the draft chosen for {self.target.name}, cannot draft for it: {why}")
-            self._draft_file = info = None
-        elif why:
-            raise SpecdecError(
-                f"draft {info.name} cannot draft for target {self.target.name}: {why}",
-                hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
-            )
-        return info
-
     def _contexts(self, cfg: RunConfig, plan: fit.Plan, info: Model | None) -> Context:
         """The target's context, once both contexts' sizes are known and fit this machine's memory."""
         n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, info)
+        draft_n_ctx = n_ctx if self.draft_of.hidden else draft_n_ctx  # beside the target's, as long (llama.cpp's)
         snapshots = self.max_draft if self.speculates and self.target.rollback == "snapshots" else 0
-        self._seqs = (_seqs(self.target, "target"), MAX_BRANCHES if info and not info.recurrent else 2)
+        self._seqs = (
+            _seqs(self.target, "target"),
+            1 if self.draft_of.hidden else MAX_BRANCHES if info and not info.recurrent else 2,
+        )
         # --parallel N: every slot's whole context and sequences; exact mode's slots have a context each (slots.py).
         n, (seqs, draft_seqs) = self.parallel, self._seqs
         heads_bytes = mtp.kv_bytes(self.target, n_ctx, self.mtp_layers) if self.target.heads else 0
@@ -146,7 +147,7 @@ class Session:
                 f"{MAX_SEQUENCES} sequences in one context",
                 hint=f"use --parallel {(MAX_SEQUENCES - 1) // max(self._seqs)} or fewer",
             )
-        self._draft_ctx_args = dict(n_ctx=n * draft_n_ctx, n_seq=n * draft_seqs) if info else {}
+        self._draft_ctx_args = dict(n_ctx=n * draft_n_ctx, n_seq=n * draft_seqs) if self._draft_file else {}
         own = cfg.exact and n > 1
         sizes = dict(n_ctx=n * n_ctx, n_seq=n * seqs, n_threads=cfg.threads, max_outputs=self._ctx["max_outputs"])
         if own:  # (a context of its own decodes one slot's rows at a time)
@@ -162,7 +163,7 @@ class Session:
 
     def _curve(self, cfg: RunConfig, plan: fit.Plan) -> measure.Curve:
         """The cost curve of this pair on this machine: kept from an earlier run, or measured at the first need."""
-        paths = [cfg.target] + ([self._draft_file] if self._draft_file else [])
+        paths = [cfg.target] + [p for p in (self._draft_file, cfg.draft if self.draft_of.hidden else None) if p]
         where = self.where + fit.layout(plan)  # a curve measured with other layers offloaded is another's
         about = curves.about(paths, cfg.threads, cfg.exact, where, AUTO_K_MAX + 1)
         key = curves.key(about)
@@ -206,9 +207,11 @@ class Session:
     def check_branches(self, branches: int, draft: Model | None = None) -> None:
         drafting.check_branches(branches, [m for m in (self.target, draft or self.draft) if m is not None])
 
-    def able(self, drafter: str) -> str:
-        """`drafter` where this target can draft with it (drafting.able: plain decoding, or an error, elsewhere)."""
-        return drafting.able(drafter, self.target, self.mtp_layers)
+    def able(self, drafter: str, branches: int = 1) -> str:
+        """`drafter` where this target can draft with it (drafting.able: plain decoding, or an error, elsewhere), and
+        with this draft (drafts.drafter: `model` with an EAGLE-3 draft is eagle3)."""
+        name = drafting.able(drafter, self.target, self.mtp_layers)
+        return drafts.drafter(name, self.draft_of, branches) if hasattr(self, "draft_of") else name
 
     @property
     def uses_chat(self) -> bool:
@@ -245,7 +248,7 @@ class Session:
         loaded (like-for-like baselines)."""
         run = self.cfg.override(**changes)
         self.check_branches(run.branches)
-        name = self.able(run.drafter) if "drafter" in changes else self.drafter
+        name = self.able(run.drafter, run.branches) if "drafter" in changes else self.drafter
         corpus = self.lookup_corpus(inputs.salt) if inputs.corpus is CACHED else inputs.corpus
         prediction = inputs.prediction if inputs.prediction is not None else run.prediction_text
         return self._run(name, run, tokens, replace(inputs, corpus=corpus, prediction=prediction), slot or self.home)
@@ -263,9 +266,11 @@ class Session:
         # Another namespace's cells are not reused (taken empty), though this run's may serve its own next run.
         own, slot.salt = salt == slot.salt, salt
         draft = (lambda: slot.kept.take(slot.draft(), tokens, reuse and own)) if slot.draft else None
-        if self.heads.made is not None:  # the target's decodes feed the heads only in runs that draft with them
-            self.heads.made.heads.detach()
+        for made in (self.heads.made and self.heads.made.heads, self.hidden.made):  # the target's decodes feed them
+            if made is not None:  # only in runs that draft with them
+                made.detach()
         heads = self.heads if self.target.heads and drafting.kind(name).heads != NEVER else None
+        hidden = self.hidden if self.draft_of.hidden and drafting.kind(name).uses_model else None
         tokenize = functools.partial(self.target.tokenize, special=False)  # as the answer's text tokenizes
         predicted = tuple(tokenize(inputs.prediction)) if inputs.prediction is not None else None
         sources = drafting.for_run(
@@ -275,6 +280,7 @@ class Session:
             draft=draft,
             draft_loaded=lambda: self.draft_ctx is not None,
             heads=heads,
+            hidden=hidden,
             slides=self.draft_slides,
             tokenize=tokenize,
             instruction=inputs.instruction,

@@ -141,9 +141,9 @@ class Context:
         self.other_backends = self._reference.others if self._reference else 0
         self.decode_seconds = 0.0  # time inside llama_decode, to tell model cost from our overhead
         self.last_step = (0, 0, 0.0)  # (engine/context.py)
-        # Called after every decode with its output rows' positions and sequences (mtp.Heads: it reads their
-        # hidden states); None: nothing listens.
-        self.tap: Callable[[list[int], list[tuple[int, ...]]], None] | None = None
+        # Called after every decode with its tokens, positions, sequences and first output row (mtp.Heads reads the
+        # output rows' hidden states, hidden.LayerTap every row's layer inputs); None: nothing listens.
+        self.tap: Callable[[list[int], list[int], list[tuple[int, ...]], int], None] | None = None
 
     def close(self) -> None:
         if self._ptr:
@@ -187,7 +187,7 @@ class Context:
         first_out = min(max(first_out, 0), n - 1)
         rows = self._decode(tokens, pos, seqs, [i >= first_out for i in range(n)])
         if self.tap is not None:
-            self.tap(pos[first_out:], seqs[first_out:])
+            self.tap(tokens, pos, seqs, first_out)
         return rows
 
     def decode_parts(self, parts: list[steps.Part]) -> list[np.ndarray]:

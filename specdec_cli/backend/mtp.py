@@ -199,9 +199,10 @@ class Heads:
             self.target.tap = None
             self.taken.clear()
 
-    def __call__(self, pos: list[int], seqs: list[tuple[int, ...]]) -> None:
-        """The target decoded: keep the hidden states of its output rows at `pos` in `seqs` (a copy: the next
-        decode writes over llama.cpp's buffer)."""
+    def __call__(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], first_out: int) -> None:
+        """The target decoded: keep the hidden states of its output rows (from `first_out` on) at their positions in
+        their sequences (a copy: the next decode writes over llama.cpp's buffer)."""
+        pos, seqs = pos[first_out:], seqs[first_out:]
         ptr = self._ext.llama_get_embeddings_nextn(self.target._ptr)
         if ptr:
             rows = np.ctypeslib.as_array(ptr, shape=(len(pos), self.n_embd)).copy()

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from .. import drafting, options
-from ..backend import mtp
+from ..backend import hidden, mtp
 from ..drafting import measure
 from ..errors import UsageError
 from ..options import RunConfig, parse_draft_tokens
@@ -79,7 +79,9 @@ def plan(
             raise UsageError(message)
     prompt_list = suite.load(prompts, cats)
     has_heads = mtp.usable(cfg.target)
-    names = _drafters(drafters, cfg.draft is not None, branch_list, branches, has_heads)
+    file = hidden.read(cfg.draft) if cfg.draft else None
+    native = file.arch if file is not None else None
+    names = _drafters(drafters, cfg.draft is not None, branch_list, branches, has_heads, native)
     # One session serves every row: with the draft loaded if a row may use it; rows pick their drafter.
     kinds = [drafting.kind(n) for n in names]
     if cfg.draft is not None and any(k.uses_model for k in kinds):
@@ -116,10 +118,16 @@ def plan(
 
 
 def _drafters(
-    given: str | None, has_draft: bool, branch_list: list[int], branches: str, has_heads: bool = False
+    given: str | None,
+    has_draft: bool,
+    branch_list: list[int],
+    branches: str,
+    has_heads: bool = False,
+    native: str | None = None,
 ) -> list[str]:
     """The drafters to sweep (all of them by default, the baseline first; those that need a draft model only
-    with one, those that need the target's MTP heads only where it has them)."""
+    with one, those that need the target's MTP heads only where it has them; with an EAGLE-3 or DFlash draft
+    (`native`, its architecture), its own drafter in the draft model's place)."""
     if given:
         names = _parse_list(given, str, "--drafters")
     else:
@@ -127,7 +135,9 @@ def _drafters(
         names = [
             k.name
             for k in every
-            if (has_draft or k.model != drafting.NEEDS) and (has_heads or k.heads != drafting.NEEDS)
+            if (has_draft or k.model != drafting.NEEDS)
+            and (has_heads or k.heads != drafting.NEEDS)
+            and k.native == (native if k.model == drafting.NEEDS else None)
         ]
     for name in names:
         if name not in drafting.DRAFTERS:

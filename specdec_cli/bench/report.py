@@ -154,14 +154,19 @@ def _predicted(costs: Costs, stats: Stats, cfg) -> float | None:
     kind = drafting.kind(cfg.drafter)
     if kind.plain:
         return 1.0
-    if cfg.draft_tokens is None or kind.chooses_k or cfg.branches > 1 or kind.cost not in ("free", "model", "heads"):
+    if (
+        cfg.draft_tokens is None
+        or kind.chooses_k
+        or cfg.branches > 1
+        or kind.cost not in ("free", "model", "heads", "hidden")
+    ):
         return None  # chosen per round; a tree's yield is not the chain's geometric series
-    if kind.cost in ("free", "heads"):
+    if kind.cost in ("free", "heads", "hidden"):
         mine = stats.by_drafter.get(cfg.drafter)
         costs = costs.copy()
-        # A lookup draft costs no decode; a head's decode costs what this row's took (the curve times a draft
-        # model's, not the heads')
-        heads = mine.draft_seconds / mine.drafted if kind.cost == "heads" and mine and mine.drafted else 0.0
+        # A lookup draft costs no decode; a head's decode (or an EAGLE-3 step, a DFlash block's share) costs what
+        # this row's took (the curve times a draft model's, not theirs)
+        heads = mine.draft_seconds / mine.drafted if kind.cost != "free" and mine and mine.drafted else 0.0
         costs.draft, costs.draft_catch_up = heads, None
     elif costs.draft is None:
         return None

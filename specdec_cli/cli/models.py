@@ -108,6 +108,7 @@ def pair(
             "can_draft": o.ok,
             "problem": o.problem,
             "kin": o.kin or None,
+            "shares": pairing.kin_words(o.kin) if o.ok else None,  # the kinship in words
             "expected_speedup": None if o.speedup is None else round(o.speedup, 3),
             "draft_tokens": o.draft_tokens if o.ok and costs else None,
         }

@@ -2,7 +2,8 @@
 for a run, in one call.
 
 model.py drafts with a small model (a chain is a tree of one branch) over a window of the text (window.py);
-mtp.py with the target's own draft heads (MTP), from its hidden states; lookup.py copies from the predicted answer
+mtp.py with the target's own draft heads (MTP), from its hidden states; eagle3.py and dflash.py with drafts trained on
+those (hidden.py: what they share); lookup.py copies from the predicted answer
 (prediction.py), the text, the user's instruction (hints.py) and earlier answers (corpus.py, kept on disk by
 cache.py); auto.py chooses among them every round by the cost model
 (cost.py). Adding a drafter: a `Drafter` subclass and one `declare(Kind(...))`. The command line's choices, the
@@ -44,9 +45,11 @@ class Kind:
     trees: bool = False  # --branches applies: the draft model forks
     plain: bool = False  # drafts nothing: target-only decoding (every comparison's baseline)
     falls_back: bool = False  # on a target that cannot roll back: decodes plainly with a warning (else refused)
+    native: str | None = None  # drafts with a draft trained on the target's hidden states, of this architecture
+    # (general.architecture: "eagle3", "dflash"); None: not one of those
     cost: str = "free"  # a drafted token's cost: "free" (no decode), "model" (a draft-model decode, after its
-    # window's prefill at its first draft), "heads" (a decode of the target's MTP heads), "chosen" (whichever the
-    # cost model chose, each weighed), "none"
+    # window's prefill at its first draft), "heads" (a decode of the target's MTP heads), "hidden" (a decode of an
+    # EAGLE-3 step or a DFlash block), "chosen" (whichever the cost model chose, each weighed), "none"
     rounds: str = ""  # what its rounds are called in the statistics (default: its name)
 
     @property
@@ -69,6 +72,11 @@ def declare(kind: Kind) -> Kind:
 
 def kind(name: str) -> Kind:
     return DRAFTERS[name]
+
+
+def native_kind(arch: str) -> str:
+    """The drafter of a draft file of this architecture (an EAGLE-3 or DFlash draft)."""
+    return next(k.name for k in DRAFTERS.values() if k.native == arch)
 
 
 def plain() -> str:
@@ -178,6 +186,28 @@ declare(
         p_min=0.6,
         cost="heads",
         help="the target's own draft heads (MTP / NextN), on models that carry them (`models info`)",
+    )
+)
+declare(
+    Kind(
+        name="eagle3",
+        build=lambda s: s.hidden_drafter() if s.k is not None else s.auto(lookup=False),
+        model=NEEDS,
+        native="eagle3",
+        cost="hidden",
+        help="an EAGLE-3 draft (--draft FILE): a chain from the target's own hidden states (`--drafter model` "
+        "and auto take such a file by themselves)",
+    )
+)
+declare(
+    Kind(
+        name="dflash",
+        build=lambda s: s.hidden_drafter() if s.k is not None else s.auto(lookup=False),
+        model=NEEDS,
+        native="dflash",
+        k=15,  # its trained block less the anchor: 15 for the published drafts (a file's own block caps it)
+        cost="hidden",
+        help="a DFlash (or DFlash2) draft (--draft FILE): a whole block in one decode, from the target's hidden states",
     )
 )
 declare(

@@ -23,6 +23,7 @@ from .cost import Costs, best_length, best_tree, expected_tokens, rate
 from .forced import Forced
 from .lookup import Candidate, LookupDrafter
 from .model import DraftPolicy, ModelDrafter
+from .hidden import HiddenDrafter
 from .mtp import MtpDrafter
 from .window import MIN_WINDOW
 
@@ -128,7 +129,7 @@ class AutoDrafter(Drafter):
         self,
         costs: Costs,
         lookup: LookupDrafter | None,
-        draft_model: ModelDrafter | MtpDrafter | None,
+        draft_model: ModelDrafter | MtpDrafter | HiddenDrafter | None,
         max_branches: int = 1,
         forced: Forced | None = None,
         max_tokens: int | None = None,
@@ -156,6 +157,10 @@ class AutoDrafter(Drafter):
     @property
     def prompt_rows(self) -> int:
         return self.draft_model.prompt_rows if self.draft_model is not None else 0
+
+    def begin(self, tokens: list[int]) -> None:
+        if self.draft_model is not None:
+            self.draft_model.begin(tokens)
 
     def prefill(self, tokens: list[int]) -> None:
         self._prompt = len(tokens) + 1
@@ -193,15 +198,16 @@ class AutoDrafter(Drafter):
         prefill, a catch-up after rounds it did not draft in) must be paid back by this round, or by the rest
         of the answer at its learned acceptance (there the window is the largest that pays, MIN_WINDOW at least)."""
         costs, model, kept = self.costs, self.draft_model, self.promises[self.model_source].kept
-        k_warm, warm, _ = best_length([self.model_rate.upper * kept] * k, costs, costs.drafting(k, 0.0))
+        block = getattr(model, "per_round", False)  # DFlash: one decode drafts them all
+        k_warm, warm, _ = best_length([self.model_rate.upper * kept] * k, costs, costs.drafting(k, 0.0, block))
         if not k_warm or warm <= best:
             return None
         spend = self._spend(committed, k, model.window)
-        k_now, now, _ = best_length([self.model_rate.upper * kept] * k, costs, costs.drafting(k, spend))
+        k_now, now, _ = best_length([self.model_rate.upper * kept] * k, costs, costs.drafting(k, spend, block))
         if k_now and now > best:
-            return CostPolicy(costs, self.model_accept, self.model_rate.mean, spend, now)
+            return CostPolicy(costs, self.model_accept, self.model_rate.mean, spend, now, block)
         # Amortised: the seconds the rest of the answer saves, drafted at the learned acceptance, not plain.
-        _, learned, _ = best_length([self.model_rate.mean * kept] * k, costs, costs.drafting(k, 0.0))
+        _, learned, _ = best_length([self.model_rate.mean * kept] * k, costs, costs.drafting(k, 0.0, block))
         left = (self.max_tokens or ANSWER) - (len(committed) - self._prompt)
         saving = left * (costs.plain - 1.0 / learned)
         size = model.window
@@ -212,7 +218,7 @@ class AutoDrafter(Drafter):
             return None
         if not model.opened:
             model.window = size
-        return CostPolicy(costs, self.model_accept, self.model_rate.mean, 0.0, warm)
+        return CostPolicy(costs, self.model_accept, self.model_rate.mean, 0.0, warm, block)
 
     def _spend(self, committed: list[int], k: int, size: int | None) -> float:
         """Seconds to bring the draft model in step before it drafts: its load (if not loaded yet) and the
@@ -294,8 +300,11 @@ class AutoDrafter(Drafter):
             for i, ok in [(i, True) for i in path] + [(c, False) for c in rejected]:
                 self.model_accept.observe(draft.confidence[i], ok)
                 self.model_rate.observe(ok)
-            # A round that loaded the draft model, or fed it a window, says little of what a token costs.
-            if draft.decodes and 0 <= draft.fed <= 1:
+            # A round that loaded the draft model, or fed it a window, says little of what a token costs; a drafter
+            # that times its own decodes (those that drafted alone) says exactly.
+            if draft.decode_seconds is not None:
+                self.costs.observe_draft(draft.decode_seconds)
+            elif draft.decodes and 0 <= draft.fed <= 1:
                 self.costs.observe_draft(outcome.draft_seconds / draft.decodes)
 
     def rollback(self, n: int, draft: Draft, winner: int = 0) -> None:
@@ -328,14 +337,17 @@ class CostPolicy(DraftPolicy):
 
     reads_confidence = True
 
-    def __init__(self, costs: Costs, accept: Buckets, a_next: float, catch_up: float, chosen: float):
+    def __init__(
+        self, costs: Costs, accept: Buckets, a_next: float, catch_up: float, chosen: float, block: bool = False
+    ):
         self.costs, self.accept, self.a_next, self.catch_up, self.chosen = costs, accept, a_next, catch_up, chosen
+        self.block = block  # the draft's tokens come from one decode (DFlash): another costs only its verify
 
     def keep_going(self, confidence: list[float]) -> bool:
         """Draft one more token only if the round's expected rate with it beats stopping here."""
         accept = [self.accept.mean(c) for c in confidence]
         j = len(accept)
-        cost = self.costs.drafting(j + 1, self.catch_up)
+        cost = self.costs.drafting(j + 1, self.catch_up, self.block)
         e = expected_tokens([*accept, self.a_next])
         return rate(e[j + 1], cost[j], self.costs, j + 1) > rate(e[j], cost[j - 1], self.costs, j)
 

@@ -127,9 +127,10 @@ class Costs:
             return n * self.draft_prefill
         return self.draft * self.verify(n) / self.plain
 
-    def drafting(self, k: int, catch_up: float) -> np.ndarray:
-        """Seconds to draft 1..k tokens with the model: k decodes, the first one also feeding the gap."""
-        return catch_up + np.arange(1, k + 1) * (self.draft or 0.0)
+    def drafting(self, k: int, catch_up: float, block: bool = False) -> np.ndarray:
+        """Seconds to draft 1..k tokens with the model: k decodes, the first one also feeding the gap (`block`: one
+        decode drafts them all, a DFlash block)."""
+        return catch_up + (np.ones(k) if block else np.arange(1, k + 1)) * (self.draft or 0.0)
 
     def draft_round(self, a: float, k: int) -> float:
         """Expected seconds to draft k tokens when each is accepted with probability a: k one-token decodes,
@@ -205,8 +206,8 @@ class Loaded:
     def catch_up(self, gap: int) -> float:
         return self.costs.catch_up(gap) * self.waiting
 
-    def drafting(self, k: int, catch_up: float) -> np.ndarray:
-        return catch_up + np.arange(1, k + 1) * (self.draft or 0.0)
+    def drafting(self, k: int, catch_up: float, block: bool = False) -> np.ndarray:
+        return catch_up + (np.ones(k) if block else np.arange(1, k + 1)) * (self.draft or 0.0)
 
     @property
     def plain(self) -> float:

@@ -19,9 +19,10 @@ from dataclasses import replace
 import numpy as np
 
 from ..backend.mtp import Heads
-from ..engine.constraint import Follow, State, best_allowed
+from ..engine.constraint import Follow, State
 from ..engine.drafter import Draft, Drafter
-from ..engine.sampling import NonFiniteLogits, Sampler, draw, softmax_summary
+from ..engine.sampling import NonFiniteLogits, Sampler
+from .hidden import pick
 from .model import FIXED, DraftPolicy
 
 PROMPT_ROWS = 32  # the prompt's last positions the heads are fed: as many target output rows (logits too, ~0.5%
@@ -154,6 +155,9 @@ class MtpDrafter(Drafter):
     def loaded(self) -> bool:
         return True
 
+    def time_one(self) -> float:
+        return self.cache.time_one()
+
     def take_notice(self) -> str | None:
         notice, self._notice = self._notice, None
         return notice
@@ -207,22 +211,13 @@ class MtpDrafter(Drafter):
             logits, h = heads.decode(0, tokens, first, hidden)
             decodes += 1
             for i in range(k):
-                row = logits[: self.vocab]
-                if not np.isfinite(row.max()):
-                    raise NonFiniteLogits("logits hold NaN or infinity")
-                if sampler.greedy:  # no distribution to keep: one exp pass gives what it reads (model.py alike)
-                    top, total, nats = softmax_summary(row)
-                    if 1.0 / total < self.p_min:  # the most likely token, not the drawn one (as the draft model)
-                        break
-                    d = int(row.argmax()) if st is None else best_allowed(row, st)
-                    confidence.append(float(np.exp(row[d] - top)) / total)
-                else:
-                    dist, nats = sampler.probs_entropy(row if st is None else st.mask(row))
-                    if dist.max() < self.p_min:
-                        break
-                    d = draw(dist, rng)
+                got = pick(logits[: self.vocab], st, sampler, rng, self.p_min)
+                if got is None:
+                    break
+                d, dist, p, nats = got
+                if dist is not None:
                     q.append(dist)
-                    confidence.append(float(dist[d]))
+                confidence.append(p)
                 drafted.append(d)
                 entropies.append(nats)
                 chain_h.append(h)

@@ -13,6 +13,9 @@ from .corpus import Corpus
 from .cost import Costs
 from .forced import Forced
 from .lookup import LookupDrafter, line_ends
+from .dflash import DFlashCache, DFlashDrafter
+from .eagle3 import Eagle3Drafter
+from .hidden import FeatureCache, HiddenDrafter
 from .model import ModelDrafter
 from .mtp import HeadCache, MtpDrafter
 from .prediction import Prediction
@@ -31,6 +34,7 @@ class Sources:
     draft: Callable[[], Sequence] | None  # takes the draft model's sequence; None: no draft model
     draft_loaded: Callable[[], bool] = lambda: True  # whether taking it loads nothing (the draft model is loaded)
     heads: Callable[[], HeadCache] | None = None  # the target's MTP heads (opened on first use); None: it has none
+    hidden: Callable[[], FeatureCache] | None = None  # an EAGLE-3 or DFlash draft's cache (opened on first use)
     is_eog: Callable[[int], bool] = lambda token: False
     p_min: float = 0.0
     branches: int = 1  # the draft model's tree: at most this many branches
@@ -69,10 +73,23 @@ class Sources:
         grammar = self.grammar() if self.grammar is not None else None
         return MtpDrafter(self.heads(), self.p_min, self.vocab, grammar, self.is_eog)
 
-    def model_source(self, heads: bool = False) -> ModelDrafter | MtpDrafter | None:
-        """Auto's model source: the draft model where there is one (and `heads` does not ask for the heads), else
-        the target's own heads where they open (llama.cpp may refuse them a context: auto then drafts without
-        them), else none."""
+    def hidden_drafter(self) -> HiddenDrafter | None:
+        """The EAGLE-3 or DFlash drafter (None: no such draft); a DFlash block is -k wide (its trained block at most)."""
+        if self.hidden is None:
+            return None
+        cache = self.hidden()
+        grammar = self.grammar() if self.grammar is not None else None
+        kw = dict(p_min=self.p_min, vocab=self.vocab, grammar=grammar, is_eog=self.is_eog)
+        if isinstance(cache, DFlashCache):
+            return DFlashDrafter(cache, self.k, **kw)
+        return Eagle3Drafter(cache, **kw)
+
+    def model_source(self, heads: bool = False) -> ModelDrafter | MtpDrafter | HiddenDrafter | None:
+        """Auto's model source: the draft where there is one (a draft model, or one that reads the target's hidden
+        states) and `heads` does not ask for the heads, else the target's own heads where they open (llama.cpp may
+        refuse them a context: auto then drafts without them), else none."""
+        if self.hidden is not None and not heads:
+            return self.hidden_drafter()
         if self.draft is not None and not heads:
             return self.draft_model()
         try:
@@ -92,8 +109,8 @@ class Sources:
         costs = self.costs()
         forced = Forced(self.grammar(), self.tokenize, self.piece) if self.grammar is not None else None
         source = self.model_source(heads) if model else None
-        if isinstance(source, MtpDrafter) and costs.draft is None:  # a head's decode: measured once (milliseconds)
-            costs.draft = source.cache.time_one()
+        if isinstance(source, (MtpDrafter, HiddenDrafter)) and costs.draft is None:  # measured once (milliseconds)
+            costs.draft = source.time_one()
         return AutoDrafter(
             costs,
             self.lookup() if lookup else None,
@@ -133,6 +150,7 @@ def for_run(
     draft: Callable[[], Sequence] | None,
     draft_loaded: Callable[[], bool],
     heads: Callable[[], HeadCache] | None,
+    hidden: Callable[[], FeatureCache] | None = None,
     slides: bool,
     tokenize: Callable[[str], list[int]],
     instruction: str,
@@ -151,6 +169,7 @@ def for_run(
         draft=draft,
         draft_loaded=draft_loaded,
         heads=heads,
+        hidden=hidden,
         is_eog=target.is_eog,
         p_min=run.p_min,
         branches=run.branches,

@@ -32,6 +32,7 @@ class Draft:
     offers: tuple[Any, ...] = ()  # auto: lookup's candidates, each learns from the round's text, drafted or not
     decodes: int = 0  # draft-model decodes spent (auto may verify fewer tokens): the draft's cost per token
     fed: int = 0  # tokens of the text the draft model was fed before it drafted (a window, a catch-up); -1: loaded
+    decode_seconds: float | None = None  # seconds per draft decode, as the drafter timed those that drafted alone
     # Outcome.sure: an exp pass over one logits row (~0.05 ms), asked only where a learner uses it (auto, when
     # lookup offered something: where it offers nothing, most of most answers, the pass is saved).
     wants_confidence: bool = False
@@ -63,6 +64,9 @@ class Drafter:
     # Its cache mirrors the target's (the MTP heads'): its rollback follows the target's winning branch, whoever
     # drafted the round; else the winner is one of its own branches, where it drafted a tree.
     follows_target = False
+
+    def begin(self, tokens: list[int]) -> None:
+        """The prompt but its last token, before the target decodes it (a drafter fed the target's rows of it)."""
 
     def prefill(self, tokens: list[int]) -> None:
         """The prompt but its last token, once, before the first round (a cache may hold a prefix of it)."""

@@ -134,6 +134,7 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
 def _prefill(main: Sequence, drafter: Drafter, prompt: list[int], cached: int, fast: bool) -> None:
     """The prompt but its last token, to the target past its `cached` tokens (through the fast kernels where
     `fast`: every run of a prompt decodes it alike) and to the drafter; the target's rows the drafter reads."""
+    drafter.begin(prompt[:-1])
     with main.ctx.prompt_kernels() if fast else nullcontext():
         todo = prompt[cached:-1]
         main.append(todo, outputs=max(len(todo) - drafter.prompt_rows, 0) if drafter.prompt_rows else "last")

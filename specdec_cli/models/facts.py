@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass
 from math import prod
 from pathlib import Path
 
+from ..backend import hidden
 from ..backend.gguf_file import Array, Malformed, read_header
 from ..outputs import home
 
-VERSION = 1
+VERSION = 2  # 2: width, layers, the head's bytes and a hidden-state draft's description
 MAX_SIZE_DIFFERENCE = 128  # llama.cpp pairs vocabularies up to this many tokens apart (backend/vocab.py)
 FIRST_CHECKED_ID = 5  # and compares their texts from this id on
 MAX_INDEX = 64 << 20  # bytes: a cache file larger than this is not ours
@@ -70,11 +71,17 @@ class Facts:
     split: tuple[int, int]  # (this part's number from 1, parts)
     context: int
     vocab: Vocab | None
+    width: int = 0  # {arch}.embedding_length
+    layers: int = 0  # {arch}.block_count
+    head_bytes: int = 0  # its output head's (the token embeddings where it has none): what a draft borrowing it reads
+    draft: dict | None = None  # an EAGLE-3 or DFlash draft: backend/hidden.DraftFile's fields but its path
 
     @staticmethod
     def from_json(d: dict) -> Facts:
-        v = d.get("vocab")
-        return Facts(**{**d, "split": tuple(d["split"]), "vocab": Vocab(**v) if v else None})
+        v, draft = d.get("vocab"), d.get("draft")
+        if draft is not None:
+            draft = {**draft, "layers": tuple(draft["layers"])}
+        return Facts(**{**d, "split": tuple(d["split"]), "vocab": Vocab(**v) if v else None, "draft": draft})
 
 
 def read(path: Path) -> Facts:
@@ -107,6 +114,8 @@ def _facts(buf) -> Facts:
     else:
         kind = "model"
     ftype = meta.get("general.file_type")
+    tensors = {t.name: t for t in h.tensors}
+    head = tensors.get("output.weight") or tensors.get("token_embd.weight")
     return Facts(
         kind=kind,
         arch=arch,
@@ -118,6 +127,10 @@ def _facts(buf) -> Facts:
         split=split,
         context=_int(meta, f"{arch}.context_length", 0),
         vocab=_vocab(buf, meta),
+        width=_int(meta, f"{arch}.embedding_length", 0),
+        layers=_int(meta, f"{arch}.block_count", 0),
+        head_bytes=head.nbytes if head is not None else 0,
+        draft=hidden.describe(meta, set(tensors)),
     )
 
 

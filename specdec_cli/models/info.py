@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import llama_cpp.llama_cpp as L
 
-from ..backend import mtp, vocab
+from ..backend import hidden, mtp, vocab
 from ..backend.native import Model
 from ..ui import placement as ui_placement
 
@@ -36,6 +36,24 @@ def describe(model: Model) -> dict:
         "kv_bytes_per_token": model.kv_bytes_per_token(),
         "recurrent_state_bytes": model.state_bytes(),
         "mtp_layers": mtp.heads_in_header(model.path),  # its own draft heads (NextN): --drafter mtp
+        "hidden_size": int(L.llama_model_n_embd(model._ptr)) if not model.vocab_only else None,
+        "layers": model.n_layer if not model.vocab_only else None,
+        # a draft that reads a target's hidden states (EAGLE-3, DFlash): what it reads; else whether drafts can read it
+        "hidden_draft": _hidden(hidden.read(model.path)),
+        "feeds_hidden_drafts": model.architecture in hidden.FEEDS,
+    }
+
+
+def _hidden(d: hidden.DraftFile | None) -> dict | None:
+    if d is None:
+        return None
+    return {
+        "kind": d.variant,
+        "target_layers": list(d.layers),
+        "target_hidden_size": d.hidden,
+        "block_size": d.block,
+        "mask_token": d.mask,
+        "own_head": d.own_head,
     }
 
 
@@ -58,7 +76,30 @@ def rows(facts: dict) -> list[tuple[str, str]]:
         ("rollback", ROLLBACK[facts["rollback"]]),
         ("speculation", "yes" if facts["can_roll_back"] else "no: auto decodes it plainly"),
         ("MTP heads", _heads(facts["mtp_layers"])),
+        _drafts(facts),
     ] + _placement(facts.get("placement"))
+
+
+def _drafts(facts: dict) -> tuple[str, str]:
+    """What a draft trained on hidden states reads; for any other model, whether such drafts can read it."""
+    d = facts["hidden_draft"]
+    if d is not None:
+        label = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dflash2": "DFlash2", "dspark": "DSpark"}[d["kind"]]
+        layers = ", ".join(map(str, d["target_layers"])) or "none"
+        what = (
+            f"{label}: reads the inputs of target layers {layers} (a target of hidden size {d['target_hidden_size']})"
+        )
+        if d["block_size"]:
+            what += f"; a block of {d['block_size']} (drafts {d['block_size'] - 1} tokens at most)"
+        if d["kind"] == "dspark":
+            return "drafter", what + "; specdec does not run DSpark drafts"
+        return "drafter", what + f"; --draft FILE drafts with it (--drafter {d['kind'].rstrip('2')})"
+    if facts["feeds_hidden_drafts"]:
+        return (
+            "EAGLE-3 / DFlash",
+            f"drafts can read it: layers 0 to {facts['layers'] - 1}, hidden size {facts['hidden_size']}",
+        )
+    return "EAGLE-3 / DFlash", f"no: llama.cpp does not hand out a {facts['architecture']} model's layer inputs"
 
 
 def _placement(placement: dict | None) -> list[tuple[str, str]]:
@@ -88,5 +129,11 @@ def _size(n: int) -> str:
 
 def pairing(target: Model, draft: Model) -> str | None:
     """None when draft can draft for target; otherwise why not. A draft's own cache never needs to roll
-    back (a recurrent one drafts in a copy of its state), so only the vocabularies must agree."""
-    return vocab.incompatibility(target, draft)
+    back (a recurrent one drafts in a copy of its state), so only the vocabularies must agree; a draft that reads
+    the target's hidden states must also fit its architecture, width and layers (backend/hidden.problem)."""
+    why = vocab.incompatibility(target, draft)
+    d = hidden.read(draft.path)
+    if why is None and d is not None:
+        n_embd = int(L.llama_model_n_embd(target._ptr))
+        why = hidden.problem(d, target.name, target.architecture, n_embd, target.n_layer)
+    return why

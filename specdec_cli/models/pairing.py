@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backend import hidden
 from ..drafting import curves
 from ..drafting.auto import MODEL_PRIOR
 from ..drafting.cost import Costs, best_length
@@ -24,8 +25,11 @@ from .facts import FIRST_CHECKED_ID, MAX_SIZE_DIFFERENCE, Facts, Index, Vocab
 from .layouts import model_bytes
 from .stores import Entry, scan
 
-# The chance a draft token is accepted, before any is seen, by kinship with the target.
-KIN_PRIORS = {"family and tuning": MODEL_PRIOR, "family": 0.6, "architecture": 0.5, "vocabulary": 0.4}
+# The chance a draft token is accepted, before any is seen, by kinship with the target. A draft trained on the
+# target's own hidden states (EAGLE-3, DFlash) reads what the target computed: published ones are accepted about
+# as often as a same-family draft (EAGLE-3's papers: 3-4.5 tokens per verification at 6-7 drafted).
+KIN_PRIORS = {"trained on it": MODEL_PRIOR, "family and tuning": MODEL_PRIOR, "family": 0.6, "architecture": 0.5}
+KIN_PRIORS |= {"vocabulary": 0.4}
 RANK_K = 8  # draft lengths the expected speed-up considers (auto's longest drafts rarely pay more on a model)
 
 
@@ -69,6 +73,11 @@ def _adds(v: Vocab, what: str) -> bool:
     return bool(value) if value is not None else (what == "add_bos" and v.type == "llama")  # SentencePiece adds BOS
 
 
+def kin_words(kin: str) -> str:
+    """What a draft shares with its target, in words."""
+    return "trained on its hidden states" if kin == "trained on it" else f"same {kin}"
+
+
 def kinship(t: Facts, d: Facts) -> str:
     if t.basename and t.basename.lower() == d.basename.lower():
         return "family and tuning" if t.finetune.lower() == d.finetune.lower() else "family"
@@ -84,13 +93,19 @@ def options(target: Path, facts: Facts, entries: list[Entry], costs: Costs | Non
         if e.path.resolve() == real:
             continue
         problem = vocab_problem(facts.vocab, e.facts.vocab)
-        if problem is None and e.facts.params >= facts.params:
+        draft = hidden.DraftFile(path=e.path, **e.facts.draft) if e.facts.draft else None
+        if problem is None and draft is not None:
+            problem = hidden.problem(draft, Path(target).name, facts.arch, facts.width, facts.layers)
+        elif problem is None and e.facts.params >= facts.params:
             problem = f"not smaller than the target ({_b(e.facts.params)} parameters, the target {_b(facts.params)})"
         if problem is not None:
             out.append(Option(e, problem))
             continue
-        kin = kinship(facts, e.facts)
-        speedup, k = expected(costs, KIN_PRIORS[kin], e.size / max(_size(target), 1)) if costs else (None, 0)
+        kin = "trained on it" if draft is not None else kinship(facts, e.facts)
+        # A draft that borrows the target's head reads it every token too (EAGLE-3, DFlash without their own).
+        reads = e.size + (facts.head_bytes if draft is not None and not draft.own_head else 0)
+        block = draft is not None and draft.arch == "dflash"
+        speedup, k = expected(costs, KIN_PRIORS[kin], reads / max(_size(target), 1), block) if costs else (None, 0)
         out.append(Option(e, None, kin, speedup, k))
     order = list(KIN_PRIORS)
     return sorted(
@@ -105,11 +120,13 @@ def options(target: Path, facts: Facts, entries: list[Entry], costs: Costs | Non
     )
 
 
-def expected(costs: Costs, accept: float, size_ratio: float) -> tuple[float, int]:
-    """(speed-up over plain decoding, draft length) of a draft whose token costs `size_ratio` of the target's
-    plain decode and is accepted with chance `accept`, by the curve `costs`."""
-    per_token = costs.verify(1) * size_ratio
-    k, rate, _ = best_length([accept] * RANK_K, costs, per_token)
+def expected(costs: Costs, accept: float, size_ratio: float, block: bool = False) -> tuple[float, int]:
+    """(speed-up over plain decoding, draft length) of a draft whose decode costs `size_ratio` of the target's
+    plain decode and is accepted with chance `accept`, by the curve `costs`; `block`: one decode drafts them all
+    (DFlash), else one a token."""
+    per_decode = costs.verify(1) * size_ratio
+    spend = [per_decode] * RANK_K if block else per_decode
+    k, rate, _ = best_length([accept] * RANK_K, costs, spend)
     return rate * costs.verify(1), k
 
 
@@ -127,7 +144,7 @@ def choose(target: Path, facts: Facts, entries: list[Entry]) -> tuple[Option | N
         return None, f"no local model can draft for {Path(target).name} (`specdec models pair` says why)"
     best, n = usable[0], len(usable)
     which = "the only local model" if n == 1 else f"the best of {n} local models"
-    why = f"{best.entry.name} ({best.entry.source}), {which} that can draft for {Path(target).name}: same {best.kin}, "
+    why = f"{best.entry.name} ({best.entry.source}), {which} that can draft for {Path(target).name}: {kin_words(best.kin)}, "
     why += f"{_size(target) / max(best.entry.size, 1):.1f}x smaller"
     if best.speedup is not None:
         why += f", {best.speedup:.2f}x expected on this machine"

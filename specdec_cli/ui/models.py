@@ -62,7 +62,7 @@ def pair_table(target: str, rows: list[dict]) -> None:
         expected = "-" if r["expected_speedup"] is None else f"{r['expected_speedup']:.2f}x"
         if r["draft_tokens"] == 0:
             expected += ": does not pay here"
-        why = Text(f"same {r['kin']}", "green") if r["can_draft"] else Text(f"cannot: {r['problem']}", "dim")
+        why = Text(r["shares"], "green") if r["can_draft"] else Text(f"cannot: {r['problem']}", "dim")
         table.add_row(
             str(i) if r["can_draft"] else "",
             r["name"],

@@ -1,0 +1,96 @@
+"""EAGLE-3 (Li et al. 2025): a one-layer decoder over the target's features, drafting a chain.
+
+The target's layer inputs at three of its layers, side by side, are its features; the draft's encoder (`fc`) maps a
+position's features to g. Its decoder at position p takes (the token at p + 1, g[p]) and predicts the token at
+p + 2; its own pre-norm state there is the next step's g. So with the text x[0..n) committed (the target has decoded
+x[0..n-1)), a round feeds the pairs (x[p+1], g[p]) of the positions not yet fed up to n - 2, the last of which
+drafts d1 (the token at n), then (d1, h) at n - 1 drafts d2, and so on: llama.cpp's
+common_speculative_impl_draft_eagle3, which keeps the same cells (every committed pair) between rounds.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .hidden import FeatureCache, HiddenDrafter
+
+TIMING_PASSES = 5
+
+
+class Eagle3Cache(FeatureCache):
+    SHIFT = 1  # the cell at p holds (x[p+1], g[p])
+
+    def _feedable(self, n: int) -> int:
+        return max(min(n, len(self.text) - 1 - self.end), 0)  # a pair needs its next token
+
+    def _feed(self, pos0: int, features: np.ndarray) -> None:
+        self.pairs(pos0, features, "none")
+
+    def pairs(self, pos0: int, features: np.ndarray, outputs: str) -> None:
+        """Encode the feature rows of positions pos0.. and decode their pairs; `outputs`: "last" gives the last
+        pair's logits and pre-norm state."""
+        g = self.ctx.encode(features)
+        n = len(g)
+        tokens = self.text[pos0 + 1 : pos0 + 1 + n]
+        self.ctx.decode(tokens, np.arange(pos0, pos0 + n), g, outputs)
+
+
+class Eagle3Drafter(HiddenDrafter):
+    name = "eagle3"
+
+    def _draft(self, committed, k, sampler, rng, policy):
+        cache, ctx = self.cache, self.cache.ctx
+        n = len(committed)
+        at = n - 2  # the last position the target has decoded: its g drafts the token after `last`
+        if at < 0:
+            return self._drafted([], [], [], [], k, 0, 0, None)
+        lag = cache.lag(committed)
+        cache.feed(at)  # the pairs before it, fed as they come
+        if cache.end != at or at not in cache.rows:  # its row is not there (the target reused its cells): none yet
+            return self._drafted([], [], [], [], k, 0, lag, None)
+        cache.pairs(at, cache.rows.pop(at)[None, :], "last")
+        cache.end = at + 1
+        st = self._state(committed)
+        tokens, q, confidence, entropies = [], [], [], []
+        decodes, alone = 1, 0.0
+        h = ctx.prenorm(-1)
+        logits = ctx.logits(-1)
+        for i in range(k):
+            got = self._row(logits, st, sampler, rng)
+            if got is None:
+                break
+            d, dist, p, nats = got
+            tokens.append(d)
+            confidence.append(p)
+            entropies.append(nats)
+            if dist is not None:
+                q.append(dist)
+            if i == k - 1 or self.is_eog(d) or not policy.keep_going(confidence):
+                break
+            if st is not None:
+                st = st.after(d)
+            t0 = time.perf_counter()
+            ctx.decode([d], [n - 1 + i], h[None, :], "last")  # (d, its pre-norm state) at the next position
+            alone += time.perf_counter() - t0
+            decodes += 1
+            h, logits = ctx.prenorm(-1), ctx.logits(-1)
+        seconds = alone / (decodes - 1) if decodes > 1 else None
+        return self._drafted(tokens, q, confidence, entropies, k, decodes, lag, seconds)
+
+    def time_one(self) -> float:
+        ctx, cache = self.cache.ctx, self.cache
+        best = float("inf")
+        zero = np.zeros((1, ctx.n_embd), np.float32)
+        try:
+            ctx.forget(-1)
+            for _ in range(TIMING_PASSES):
+                t0 = time.perf_counter()
+                ctx.decode([0], [0], zero, "last")
+                best = min(best, time.perf_counter() - t0)
+                ctx.forget(-1)
+        finally:
+            cache.restart(0)
+            cache.text = []
+        return best

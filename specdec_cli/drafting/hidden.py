@@ -1,0 +1,253 @@
+"""Drafts that read the target's hidden states (EAGLE-3: eagle3.py; DFlash: dflash.py), and what they share: the
+draft's cells and the target's rows it has yet to be fed (`FeatureCache`), and the drafter's part (`HiddenDrafter`).
+
+The target's every decode hands its rows' layer inputs over (backend/hidden.LayerTap). A row is the draft's to feed
+once the text it stands for is committed: the prompt's at once, a verify batch's where its tokens were accepted (the
+winning branch, below the committed length). Committed rows wait, by position, until the next draft feeds them, or
+until FLUSH of them wait (a long stretch of plain rounds): the draft's cache then holds the whole text, as llama.cpp's
+loop keeps it, fed in batches, never a rejected row. What the cells hold lasts between runs (a session's), as the
+target's cache does: a new prompt keeps the cells of the text it shares with the old one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend.hidden import DraftContext, LayerTap
+from ..engine.constraint import Follow, State, best_allowed
+from ..engine.drafter import Draft, Drafter
+from ..engine.kv import KVInvariantError
+from ..engine.sampling import NonFiniteLogits, Sampler, draw, softmax_summary
+from .tree import FIXED, DraftPolicy
+
+FLUSH = 256  # committed rows kept unfed at most: features are wide (3 x 4,096 floats a row for an 8B EAGLE-3)
+
+
+def pick(row: np.ndarray, state: State | None, sampler: Sampler, rng, p_min: float):
+    """One draft token from a row of draft logits: (token, q row or None, its probability, the row's entropy), or
+    None where the row's best is below `p_min` (llama.cpp's rule: the most likely token, not the drawn one).
+    Greedy: the best the grammar allows (no distribution kept); sampling: a draw from the processed distribution,
+    which the acceptance rule needs as q."""
+    if not np.isfinite(row.max()):
+        raise NonFiniteLogits("logits hold NaN or infinity")
+    if sampler.greedy:  # no distribution to keep: one exp pass gives what it reads
+        top, total, nats = softmax_summary(row)
+        if 1.0 / total < p_min:
+            return None
+        d = int(row.argmax()) if state is None else best_allowed(row, state)
+        return d, None, float(np.exp(row[d] - top)) / total, nats
+    dist, nats = sampler.probs_entropy(row if state is None else state.mask(row))
+    if dist.max() < p_min:
+        return None
+    d = draw(dist, rng)
+    return d, dist, float(dist[d]), nats
+
+
+class FeatureCache:
+    """A draft's cells (positions start..end-1) and the committed target rows not yet fed (`rows`: position ->
+    features). `text`: the committed tokens as far as known (the cells were computed from its first end + SHIFT).
+    Subclasses feed (`_feed`) as their architecture does."""
+
+    SHIFT = 0  # EAGLE-3: 1 (the cell at p holds the token at p + 1 with the features of p)
+
+    def __init__(self, ctx: DraftContext, tap: LayerTap):
+        self.ctx, self.tap = ctx, tap
+        self.start = self.end = 0
+        self.text: list[int] = []
+        self.rows: dict[int, np.ndarray] = {}
+        self._raw: list[tuple[list[int], list[tuple[int, ...]], np.ndarray]] = []  # batches since the last settle
+        self._prompt = False
+
+    # --- the target's side ---------------------------------------------------------------------------------
+    def attach(self) -> None:
+        self.tap.attach(self._taken)
+
+    def detach(self) -> None:
+        self.tap.detach()
+
+    def _taken(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], rows: np.ndarray) -> None:
+        if self._prompt:  # the prompt's: committed as they come, fed in batches (a long prompt's features are large)
+            self.rows.update(zip(pos, rows))
+            if len(self.rows) >= FLUSH:
+                self.feed(len(self.text))
+        else:
+            self._raw.append((pos, seqs, rows))
+
+    def begin(self, tokens: list[int]) -> None:
+        """A run's prompt but its last token, before the target decodes what it lacks of it: the cells of the text
+        it shares with the last run's stay."""
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(self.text, tokens)) if a != b), min(len(self.text), len(tokens))
+        )
+        keep = min(self.end, shared - self.SHIFT)
+        if keep <= self.start:
+            self.restart(0)
+        else:
+            self.ctx.forget(keep)
+            self.end = keep
+        self.text = list(tokens)
+        self.rows.clear()
+        self._raw.clear()
+        self._prompt = True
+
+    def prefill(self) -> None:
+        """The prompt is decoded: feed what of it can be fed."""
+        self._prompt = False
+        self.feed(len(self.text))
+
+    def settle(self, n: int, winner: int = 0) -> None:
+        """The target's rows since the last call: those below position n of the winning branch are committed (a
+        batch in the main sequence alone, a chain: every row below n); the others go. Too many waiting: fed."""
+        for pos, seqs, rows in self._raw:
+            chain = all(s == (0,) for s in seqs)
+            for p, s, row in zip(pos, seqs, rows):
+                if p < n and (chain or winner in s) and p >= self.end:
+                    self.rows[p] = row
+        self._raw.clear()
+        if len(self.rows) >= FLUSH:
+            self.feed(len(self.text))
+
+    # --- the draft's side ----------------------------------------------------------------------------------
+    def restart(self, start: int) -> None:
+        """Empty the cells; the next one fed is position `start`'s."""
+        self.ctx.forget(-1)
+        self.start = self.end = start
+
+    def sync(self, committed: list[int]) -> None:
+        """The committed text (a round's): the tokens the cells are fed with."""
+        if len(committed) > len(self.text):
+            self.text = list(committed)
+
+    def feed(self, limit: int) -> int:
+        """Feed the committed rows from `end` on, up to position `limit` (exclusive) and as far as they run without a
+        gap (where the rows begin past `end`, the cells start afresh there: the target reused what the draft never
+        saw). Returns how many were fed."""
+        for p in [p for p in self.rows if p < self.end]:
+            del self.rows[p]
+        if not self.rows:
+            return 0
+        if self.end not in self.rows:  # a gap: start again at the newest unbroken stretch
+            first = max(p for p in self.rows if p - 1 not in self.rows)
+            for p in [p for p in self.rows if p < first]:
+                del self.rows[p]
+            self.restart(first)
+        n = 0
+        while self.end + n < limit and self.end + n in self.rows:
+            n += 1
+        n = self._feedable(n)
+        if n:
+            features = np.stack([self.rows.pop(p) for p in range(self.end, self.end + n)])
+            self._feed(self.end, features)
+            self.end += n
+        return n
+
+    def _feedable(self, n: int) -> int:
+        """Of n rows from `end`, how many can be fed now (EAGLE-3: those whose next token is known)."""
+        return n
+
+    def _feed(self, pos0: int, features: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def lag(self, committed: list[int]) -> int:
+        """Rows the next draft feeds before it drafts (EAGLE-3: with the one it drafts from)."""
+        return max(len(committed) - 1 - self.end, 0)
+
+    def check(self, committed: list[int]) -> None:
+        """Debug: the cells hold positions start..end-1, computed from the committed text."""
+        name = f"{self.ctx.file.label} draft"
+        want = (self.start, self.end - 1) if self.end > self.start else (-1, -1)
+        if self.ctx.pos_range() != want:
+            raise KVInvariantError(f"{name} holds positions {self.ctx.pos_range()}, expected {want}")
+        upto = self.end + self.SHIFT if self.end > self.start else 0
+        if self.text[:upto] != committed[:upto] or upto > len(committed):
+            raise KVInvariantError(f"{name}'s cells were computed from another text than the committed one")
+
+
+class HiddenDrafter(Drafter):
+    """What EAGLE-3 and DFlash drafters share: the cache they feed (`cache`, held between runs), the grammar they
+    follow, p_min (the draft's probability of its best token: stop below it), and auto's view of a model source
+    (`lag`, `opened`, `window`, `failed`, `time_one`). Subclasses draft (`_draft`)."""
+
+    window = None  # its cells hold the whole text (nothing to choose)
+    opened = True  # its context opened with the session's first run that drafts with it
+    follows_target = True  # its cells mirror the target's committed text: a rollback follows the target's winner
+    per_round = False  # DFlash: one decode drafts the whole block (auto prices a round, not a token)
+
+    def __init__(
+        self, cache: FeatureCache, p_min=0.0, vocab=None, grammar: State | None = None, is_eog=lambda t: False
+    ):
+        self.cache, self.p_min, self.is_eog = cache, p_min, is_eog
+        self.vocab = vocab or cache.ctx.n_vocab
+        self.follow = Follow(grammar) if grammar is not None else None
+        self.failed = False
+        self._notice: str | None = None
+        cache.attach()  # the target's next decodes (the prompt's) hand their rows over
+
+    def loaded(self) -> bool:
+        return True
+
+    def take_notice(self) -> str | None:
+        notice, self._notice = self._notice, None
+        return notice
+
+    def begin(self, tokens: list[int]) -> None:
+        self.cache.begin(tokens)
+
+    def prefill(self, tokens: list[int]) -> None:
+        self.cache.prefill()
+        if self.follow is not None:
+            self.follow.prefill(tokens)
+
+    def lag(self, committed: list[int], k: int = 1, size=None) -> int:
+        return self.cache.lag(committed)
+
+    def propose(self, committed, k, sampler, rng, policy: DraftPolicy = FIXED) -> Draft:
+        if self.failed or k <= 0:
+            return Draft([], None, source=self.name, k=k, notice=self.take_notice())
+        self.cache.sync(committed)
+        try:
+            return self._draft(committed, k, sampler, rng, policy)
+        except NonFiniteLogits as e:
+            self.failed = True
+            self._notice = (
+                f"the {self.cache.ctx.file.label} draft produced non-finite logits ({e}): it no longer drafts; the "
+                "output is unaffected"
+            )
+            return Draft([], None, source=self.name, k=k, notice=self.take_notice())
+        finally:
+            self.cache.ctx.forget(len(committed) - 1)  # the round's own cells go: the committed text's stay
+
+    def _drafted(self, tokens, q, confidence, entropies, k, decodes, fed, seconds) -> Draft:
+        """The round's Draft: `decodes` draft decodes spent, `fed` rows fed first, `seconds` per decode of those
+        that drafted alone (None: none did; auto learns a decode's cost from them)."""
+        return Draft(
+            tokens,
+            np.stack(q) if q else None,
+            source=self.name,
+            k=k,
+            confidence=tuple(confidence),
+            entropy=sum(entropies) / len(entropies) if entropies else None,
+            decodes=decodes if tokens else 0,
+            fed=fed,
+            decode_seconds=seconds,
+        )
+
+    def _draft(self, committed, k, sampler, rng, policy) -> Draft:
+        raise NotImplementedError
+
+    def _state(self, committed: list[int]) -> State | None:
+        return self.follow.at(committed) if self.follow is not None else None
+
+    def _row(self, logits: np.ndarray, state, sampler, rng):
+        return pick(logits[: self.vocab], state, sampler, rng, self.p_min)
+
+    def rollback(self, n: int, draft: Draft | None = None, winner: int = 0) -> None:
+        self.cache.settle(n, winner)
+
+    def check(self, committed: list[int]) -> None:
+        self.cache.check(committed)
+
+    def time_one(self) -> float:
+        """Seconds a draft decode takes (auto's cost of a drafted token, or of DFlash's block, until it observes its
+        own): the fastest of a few, on an empty cache (the cells start afresh after)."""
+        raise NotImplementedError

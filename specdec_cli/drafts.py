@@ -1,0 +1,107 @@
+"""What drafts beside a session's target, read before any weights load: a draft model (its vocabulary and sizes), or a
+draft trained on the target's hidden states (EAGLE-3, DFlash: backend/hidden.py), checked against the target here,
+where llama.cpp would abort inside the pair; and such a draft opened beside the target's context."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import llama_cpp.llama_cpp as L
+
+from . import fit
+from .backend import hidden, native, vocab
+from .backend.context import Context
+from .backend.native import Model
+from .drafting import DRAFTERS, native_kind
+from .drafting.dflash import DFlashCache
+from .drafting.eagle3 import Eagle3Cache
+from .drafting.hidden import FeatureCache
+from .errors import SpecdecError, UsageError
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A session's draft: `info`, its vocabulary and sizes (vocab_only; None: no draft); `model`, the file of a draft
+    model (None where there is none, or the draft reads hidden states); `hidden`, such a draft's description."""
+
+    info: Model | None = None
+    model: Path | None = None
+    hidden: hidden.DraftFile | None = None
+
+    @property
+    def native(self) -> str | None:
+        """The architecture of a draft that reads hidden states (its drafter's `Kind.native`); None otherwise."""
+        return self.hidden.arch if self.hidden is not None else None
+
+
+def read(cfg, target: Model, stack: ExitStack, speculates: bool, warn: Callable[[str], None]) -> Draft:
+    """The draft of `cfg`, where the run drafts at all: a draft model whose vocabulary is the target's (llama.cpp's
+    rule), or a draft of the target's hidden states that fits it. A draft chosen by `--draft auto` that does not fit
+    is dropped with a warning (its header had the last word); one given is refused, in one line."""
+    path = cfg.draft if cfg.draft and speculates else None
+    if path is None:
+        return Draft()
+    file = hidden.read(path)
+    info = stack.enter_context(Model(path, vocab_only=True))
+    why = vocab.incompatibility(target, info)
+    if file is not None and why is None:
+        why = hidden.problem(file, target.name, target.architecture, _n_embd(target), target.n_layer)
+    if why and cfg.draft_chosen_by == "auto":
+        warn(f"{info.name}, the draft chosen for {target.name}, cannot draft for it: {why}")
+        return Draft()
+    if why and file is not None:
+        raise UsageError(
+            f"{file.label} draft {info.name} cannot draft for target {target.name}: {why}", hint=_hint(file)
+        )
+    if why:
+        raise SpecdecError(
+            f"draft {info.name} cannot draft for target {target.name}: {why}",
+            hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
+        )
+    return Draft(info, None, file) if file is not None else Draft(info, path, None)
+
+
+def _hint(file: hidden.DraftFile) -> str:
+    return f"`specdec models info {file.path.name}` says what it reads; `specdec models pair TARGET` lists the drafts that fit"
+
+
+def _n_embd(model: Model) -> int:
+    return int(L.llama_model_n_embd(model._ptr))
+
+
+def drafter(name: str, draft: Draft, branches: int = 1) -> str:
+    """The drafter a run named `name` gets with this draft: `model` with an EAGLE-3 or DFlash draft is that draft's
+    drafter; one named for another kind of draft is refused, as are trees from a draft that drafts a chain."""
+    kind, native = DRAFTERS[name], draft.native
+    if native is not None and name == "model":
+        kind = DRAFTERS[native_kind(native)]
+    if kind.native is not None and kind.native != native:
+        what = f"a {draft.hidden.label} draft" if draft.hidden else "a draft model" if draft.model else "no draft"
+        wanted = {"eagle3": "an EAGLE-3", "dflash": "a DFlash"}[kind.native]
+        raise UsageError(
+            f"--drafter {kind.name} drafts with {wanted} draft (--draft FILE), and {what} was given",
+            hint=f"use --drafter {native_kind(native) if native else 'model'} or auto for this draft",
+        )
+    if kind.native is not None and branches > 1:
+        raise UsageError(
+            f"--branches {branches}: {draft.hidden.label} drafts a chain; only a draft model forks into a tree",
+            hint="use --branches 1 with this draft",
+        )
+    return kind.name
+
+
+def open_hidden(
+    file: hidden.DraftFile, target: Context, plan: fit.Plan, n_ctx: int, n_bytes: int, threads: int, stack: ExitStack
+) -> FeatureCache:
+    """The draft loaded (placed as -ngld / -devd ask), its context beside the target's, and the target's tap."""
+    want = plan.draft_want
+    placed = fit.offload(want, file.path, n_ctx, n_bytes)[0] if want else None
+    model = stack.enter_context(Model(file.path, offload=placed))
+    with native.capture():
+        ctx = stack.enter_context(hidden.DraftContext(model, file, target, threads))
+    tap = hidden.LayerTap(target, file.layers)
+    stack.callback(tap.detach)  # (runs before the contexts close: the stack unwinds in reverse)
+    return (Eagle3Cache if file.arch == "eagle3" else DFlashCache)(ctx, tap)
