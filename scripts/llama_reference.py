@@ -8,7 +8,8 @@ log reliable: llama.cpp leaks its log worker on purpose and exits before it has 
 (ggml-org/llama.cpp#22142), so the library's destructor drains it (common_log_pause joins the worker).
 
 `rounds(...)`: run it greedy on a target and a draft and read its rounds from its debug log: each round's draft
-(the draft's best candidate at each position, as many as the round kept) and how many the target accepted.
+(the draft's best candidate at each position, as many as the round kept; DFlash2's walk logs none: its length) and
+how many the target accepted.
 
     python scripts/llama_reference.py build
     python scripts/llama_reference.py run --target T.gguf --draft D.gguf --type draft-eagle3 -k 4 -n 40 "abc"
@@ -90,7 +91,8 @@ def build(jobs: int = 2) -> Path:
 
 @dataclass(frozen=True)
 class Round:
-    draft: tuple[int, ...]  # the token ids the round verified
+    draft: tuple[int, ...] | None  # the token ids the round verified (None: its drafter logs none, as DFlash2's)
+    drafted: int
     accepted: int
 
 
@@ -112,7 +114,7 @@ def rounds(target: Path, draft: Path, spec_type: str, k: int, n: int, prompt: st
             candidates.append(int(m.group(2)))
         elif m := ACCEPTED.search(line):
             accepted, drafted = int(m.group(1)), int(m.group(2))
-            found.append(Round(tuple(candidates[:drafted]), accepted))
+            found.append(Round(tuple(candidates[:drafted]) if candidates or not drafted else None, drafted, accepted))
             candidates = []
     out.extend(found)
     return out
@@ -135,7 +137,7 @@ def main() -> int:
         print(build(args.jobs))
         return 0
     for i, rd in enumerate(rounds(args.target, args.draft, args.type, args.k, args.n, args.prompt)):
-        print(f"round {i:3d}: accepted {rd.accepted}/{len(rd.draft)} of {list(rd.draft)}")
+        print(f"round {i:3d}: accepted {rd.accepted}/{rd.drafted}" + (f" of {list(rd.draft)}" if rd.draft else ""))
     return 0
 
 

@@ -206,10 +206,17 @@ def write_eagle3(
 
 
 def write_dflash(
-    path: Path, layers: tuple[int, ...] = (1,), block: int = BLOCK, mask: bool = True, n_embd: int = N_EMBD
+    path: Path,
+    layers: tuple[int, ...] = (1,),
+    block: int = BLOCK,
+    mask: bool = True,
+    n_embd: int = N_EMBD,
+    dflash2: bool = False,
 ) -> Path:
     """A DFlash draft for the counting target reading target layers `layers` (the first one's code is used);
-    `mask=False`: no mask token (a bad file); `n_embd` other than the target's: a bad file."""
+    `mask=False`: no mask token (a bad file); `n_embd` other than the target's: a bad file. dflash2: a DFlash2 draft
+    that drafts the same (its convolutions pass their input through, its selector scores each candidate by its
+    logit alone)."""
     e = n_embd
     w = _start(path, "dflash", 1, 1, 1, e)
     w.add_rope_dimension_count(e)
@@ -240,7 +247,35 @@ def write_dflash(
     wo = np.zeros((e, e))
     wo[:CODE, :CODE] = np.eye(CODE)
     t = _dflash_tensors(e, fc, wq, wk, wv, wo)
+    if dflash2:
+        t |= _dflash2(w, e)
     return finish(w, {k: v.astype(np.float32) for k, v in t.items()}, path)
+
+
+DFLASH2_KERNEL, DFLASH2_GROUP, DFLASH2_RANK, DFLASH2_TOP_K = 2, 8, 4, 4
+
+
+def _dflash2(w: GGUFWriter, e: int) -> dict[str, np.ndarray]:
+    """DFlash2's metadata and tensors: identity convolutions (the first tap's weight 1, no dynamic part), a selector
+    with no pairwise term (its gate is zero: a candidate's score is its logit)."""
+    w.add_uint32("dflash.conv_kernel_size", DFLASH2_KERNEL)
+    w.add_uint32("dflash.conv_group_size", DFLASH2_GROUP)
+    w.add_uint32("dflash.selector_rank", DFLASH2_RANK)
+    w.add_uint32("dflash.selector_top_k", DFLASH2_TOP_K)
+    base = np.zeros((2, DFLASH2_KERNEL, e))
+    base[:, 0, :] = 1.0
+    projected = 2 * DFLASH2_KERNEL * (e // DFLASH2_GROUP)
+    rng = np.random.default_rng(5)
+    n_vocab = len(byte_vocab())
+    return {
+        "selector_hidden.weight": np.zeros((DFLASH2_RANK, e)),
+        "selector_predecessor.weight": rng.standard_normal((n_vocab, DFLASH2_RANK)),
+        "selector_successor.weight": rng.standard_normal((n_vocab, DFLASH2_RANK)),
+        "blk.0.attn_conv_base": base,
+        "blk.0.attn_conv_proj.weight": np.zeros((projected, e)),
+        "blk.0.ffn_conv_base": base,
+        "blk.0.ffn_conv_proj.weight": np.zeros((projected, e)),
+    }
 
 
 def _dflash_tensors(e: int, fc, wq=None, wk=None, wv=None, wo=None) -> dict[str, np.ndarray]:
@@ -274,7 +309,8 @@ def counting(start: int, n: int) -> bytes:
 
 def write_native_set(folder: Path) -> dict[str, Path]:
     """counter (the target), counter_qwen2 (the same as qwen2: cannot feed a drafter), eagle3 / dflash (drafts that
-    agree with it until a skip), eagle3_wrong / dflash_wrong (the negative controls: layer 0, one byte behind), and
+    agree with it until a skip), eagle3_d2t (a reduced draft vocabulary), dflash2 (drafts as dflash does),
+    eagle3_wrong / dflash_wrong (the negative controls: layer 0, one byte behind), and
     bad files: eagle3_hidden32, eagle3_layer5, dflash_layer2 (= the target's layers: a layer input llama.cpp does not
     extract from llama), dflash_nomask, dflash_embd32."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -286,6 +322,7 @@ def write_native_set(folder: Path) -> dict[str, Path]:
         "eagle3_d2t": write_eagle3(folder / "eagle3_d2t.gguf", d2t=True),
         "dflash": write_dflash(folder / "dflash.gguf"),
         "dflash_wrong": write_dflash(folder / "dflash_wrong.gguf", layers=(0,)),
+        "dflash2": write_dflash(folder / "dflash2.gguf", dflash2=True),
         "eagle3_hidden32": write_eagle3(folder / "eagle3_hidden32.gguf", hidden=32),
         "eagle3_layer5": write_eagle3(folder / "eagle3_layer5.gguf", layers=(0, 1, 5)),
         "dflash_layer2": write_dflash(folder / "dflash_layer2.gguf", layers=(2,)),

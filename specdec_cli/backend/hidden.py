@@ -260,6 +260,7 @@ class DraftContext:
             L.llama_set_causal_attn(self._ptr, causal)  # the block attends both ways unless the file says otherwise
         self.top_k = int(_call("selector_top_k")(model._ptr)) if self.dflash2 else 0
         self.memory = L.llama_get_memory(self._ptr)
+        self.n_ctx = L.llama_n_ctx(self._ptr)
         self.n_embd = int(L.llama_model_n_embd(model._ptr))
         self.n_vocab = model.n_vocab
         self.mrope = L.llama_model_rope_type(model._ptr) == L.LLAMA_ROPE_TYPE_MROPE

@@ -73,6 +73,7 @@ def generate(
 def _json(session: Session, result: Result, scored: list[Token]) -> dict:
     config = {
         **session.cfg.as_dict(),
+        "drafter": session.drafter,  # as the session took it: `model` with an EAGLE-3 draft is eagle3
         "ctx_size": session.target_ctx.n_ctx,  # as fitted to the models when -c was not given
         "pair": session.cfg.pair,
         "chat": session.uses_chat,

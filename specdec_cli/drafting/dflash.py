@@ -40,7 +40,9 @@ class DFlashDrafter(HiddenDrafter):
         n = len(committed)
         lag = cache.lag(committed)
         cache.feed(n - 1)
-        w = self.width
+        w = min(self.width, ctx.n_ctx - n)  # a block past the context's end has no cells: narrower there
+        if w < 1:
+            return self._drafted([], [], [], [], k, 0, lag, None)
         t0 = time.perf_counter()
         mask = ctx.file.mask
         ctx.decode([committed[-1]] + [mask] * w, np.arange(n - 1, n + w), None, "none" if ctx.dflash2 else "all")

@@ -50,8 +50,10 @@ class Eagle3Drafter(HiddenDrafter):
         cache.feed(at)  # the pairs before it, fed as they come
         if cache.end != at or at not in cache.rows:  # its row is not there (the target reused its cells): none yet
             return self._drafted([], [], [], [], k, 0, lag, None)
-        cache.pairs(at, cache.rows.pop(at)[None, :], "last")
+        row = cache.rows.pop(at)
+        cache.pairs(at, row[None, :], "last")
         cache.end = at + 1
+        cache.recent({at: row})
         st = self._state(committed)
         tokens, q, confidence, entropies = [], [], [], []
         decodes, alone = 1, 0.0

@@ -21,6 +21,7 @@ from ..engine.sampling import NonFiniteLogits, Sampler, draw, softmax_summary
 from .tree import FIXED, DraftPolicy
 
 FLUSH = 256  # committed rows kept unfed at most: features are wide (3 x 4,096 floats a row for an 8B EAGLE-3)
+RECENT = 64  # fed rows kept: a next prompt that parts from the text near its end refeeds the last shared ones
 
 
 def pick(row: np.ndarray, state: State | None, sampler: Sampler, rng, p_min: float):
@@ -55,7 +56,8 @@ class FeatureCache:
         self.start = self.end = 0
         self.text: list[int] = []
         self.rows: dict[int, np.ndarray] = {}
-        self._raw: list[tuple[list[int], list[tuple[int, ...]], np.ndarray]] = []  # batches since the last settle
+        self._recent: dict[int, np.ndarray] = {}  # the last RECENT rows fed
+        self._raw: list[tuple] = []  # the target's batches since the last settle: (tokens, pos, seqs, rows)
         self._prompt = False
 
     # --- the target's side ---------------------------------------------------------------------------------
@@ -71,7 +73,7 @@ class FeatureCache:
             if len(self.rows) >= FLUSH:
                 self.feed(len(self.text))
         else:
-            self._raw.append((pos, seqs, rows))
+            self._raw.append((tokens, pos, seqs, rows))
 
     def begin(self, tokens: list[int]) -> None:
         """A run's prompt but its last token, before the target decodes what it lacks of it: the cells of the text
@@ -85,8 +87,11 @@ class FeatureCache:
         else:
             self.ctx.forget(keep)
             self.end = keep
+        # The rows of the shared text stay good (a row's features depend on the text up to it): those the cells
+        # dropped (EAGLE-3's last pair, whose next token changed) are fed again from the recent ones.
+        rows = {**self._recent, **self.rows}
+        self.rows = {p: row for p, row in rows.items() if self.end <= p < shared}
         self.text = list(tokens)
-        self.rows.clear()
         self._raw.clear()
         self._prompt = True
 
@@ -98,11 +103,14 @@ class FeatureCache:
     def settle(self, n: int, winner: int = 0) -> None:
         """The target's rows since the last call: those below position n of the winning branch are committed (a
         batch in the main sequence alone, a chain: every row below n); the others go. Too many waiting: fed."""
-        for pos, seqs, rows in self._raw:
+        for tokens, pos, seqs, rows in self._raw:
             chain = all(s == (0,) for s in seqs)
-            for p, s, row in zip(pos, seqs, rows):
-                if p < n and (chain or winner in s) and p >= self.end:
-                    self.rows[p] = row
+            for t, p, s, row in zip(tokens, pos, seqs, rows):
+                if p < n and (chain or winner in s):
+                    if p == len(self.text):  # the committed text as far as the target decoded it
+                        self.text.append(t)
+                    if p >= self.end:
+                        self.rows[p] = row
         self._raw.clear()
         if len(self.rows) >= FLUSH:
             self.feed(len(self.text))
@@ -112,6 +120,7 @@ class FeatureCache:
         """Empty the cells; the next one fed is position `start`'s."""
         self.ctx.forget(-1)
         self.start = self.end = start
+        self._recent.clear()
 
     def sync(self, committed: list[int]) -> None:
         """The committed text (a round's): the tokens the cells are fed with."""
@@ -136,10 +145,17 @@ class FeatureCache:
             n += 1
         n = self._feedable(n)
         if n:
-            features = np.stack([self.rows.pop(p) for p in range(self.end, self.end + n)])
-            self._feed(self.end, features)
+            fed = {p: self.rows.pop(p) for p in range(self.end, self.end + n)}
+            self._feed(self.end, np.stack(list(fed.values())))
             self.end += n
+            self.recent(fed)
         return n
+
+    def recent(self, fed: dict[int, np.ndarray]) -> None:
+        """Keep the last RECENT rows fed (a next prompt may part from the text just after them)."""
+        self._recent.update(fed)
+        for p in [p for p in self._recent if p < self.end - RECENT]:
+            del self._recent[p]
 
     def _feedable(self, n: int) -> int:
         """Of n rows from `end`, how many can be fed now (EAGLE-3: those whose next token is known)."""
