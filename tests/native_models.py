@@ -173,10 +173,17 @@ def _tokenizer(w: GGUFWriter, mask: bool) -> None:
 
 
 def write_eagle3(
-    path: Path, layers: tuple[int, ...] = (1, 1, 1), hidden: int = N_EMBD, d2t: bool = False, n_embd: int = N_EMBD
+    path: Path,
+    layers: tuple[int, ...] = (1, 1, 1),
+    hidden: int = N_EMBD,
+    d2t: int | None = None,
+    n_embd: int = N_EMBD,
+    nan: bool = False,
 ) -> Path:
     """An EAGLE-3 draft for the counting target reading target layers `layers` (their inputs); `hidden`: the target
-    hidden size it says it was made for (another than the target's: a bad file)."""
+    hidden size it says it was made for (another than the target's: a bad file); d2t: a reduced draft vocabulary
+    (the byte tokens, mapped to target ids from 3 + d2t: 0 is right, past the vocabulary a bad file); nan: its
+    output norm NaN (every logit it computes is)."""
     w = _start(path, "eagle3", 1, N_HEAD, N_HEAD_KV, n_embd)
     w.add_rope_dimension_count(n_embd // N_HEAD)
     w.add_array("eagle3.target_layers", list(layers))
@@ -198,10 +205,12 @@ def write_eagle3(
         "blk.0.attn_output.weight": np.zeros((e, N_HEAD * head_dim)),
         "blk.0.ffn_norm.weight": np.ones(e),
     } | _rotating_ffn("blk.0")
-    if d2t:  # a reduced draft vocabulary: its head's rows are the byte tokens, mapped to their target ids
+    if d2t is not None:  # a reduced draft vocabulary: its head's rows are the byte tokens, mapped to their target ids
         n = 256
         t["output.weight"] = target_weights(259)["output.weight"][3:]
-        t["d2t"] = np.arange(3, 3 + n, dtype=np.int64)
+        t["d2t"] = np.arange(3 + d2t, 3 + d2t + n, dtype=np.int64)
+    if nan:
+        t["output_norm.weight"] = np.full(e, np.nan)
     return finish(w, {k: v.astype(np.float32) if v.dtype != np.int64 else v for k, v in t.items()}, path)
 
 
@@ -309,17 +318,20 @@ def counting(start: int, n: int) -> bytes:
 
 def write_native_set(folder: Path) -> dict[str, Path]:
     """counter (the target), counter_qwen2 (the same as qwen2: cannot feed a drafter), eagle3 / dflash (drafts that
-    agree with it until a skip), eagle3_d2t (a reduced draft vocabulary), dflash2 (drafts as dflash does),
+    agree with it until a skip), eagle3_d2t (a reduced draft vocabulary), eagle3_nan (every logit NaN), dflash2
+    (drafts as dflash does),
     eagle3_wrong / dflash_wrong (the negative controls: layer 0, one byte behind), and
     bad files: eagle3_hidden32, eagle3_layer5, dflash_layer2 (= the target's layers: a layer input llama.cpp does not
-    extract from llama), dflash_nomask, dflash_embd32."""
+    extract from llama), dflash_nomask, dflash_embd32, eagle3_d2t_bad (its d2t map past the vocabulary)."""
     folder.mkdir(parents=True, exist_ok=True)
     return {
         "counter": write_target(folder / "counter.gguf"),
         "counter_qwen2": write_target(folder / "counter_qwen2.gguf", arch="qwen2"),
         "eagle3": write_eagle3(folder / "eagle3.gguf"),
         "eagle3_wrong": write_eagle3(folder / "eagle3_wrong.gguf", layers=(0, 0, 0)),
-        "eagle3_d2t": write_eagle3(folder / "eagle3_d2t.gguf", d2t=True),
+        "eagle3_d2t": write_eagle3(folder / "eagle3_d2t.gguf", d2t=0),
+        "eagle3_nan": write_eagle3(folder / "eagle3_nan.gguf", nan=True),
+        "eagle3_d2t_bad": write_eagle3(folder / "eagle3_d2t_bad.gguf", d2t=100),
         "dflash": write_dflash(folder / "dflash.gguf"),
         "dflash_wrong": write_dflash(folder / "dflash_wrong.gguf", layers=(0,)),
         "dflash2": write_dflash(folder / "dflash2.gguf", dflash2=True),
@@ -329,3 +341,70 @@ def write_native_set(folder: Path) -> dict[str, Path]:
         "dflash_nomask": write_dflash(folder / "dflash_nomask.gguf", mask=False),
         "dflash_embd32": write_dflash(folder / "dflash_embd32.gguf", n_embd=32),
     }
+
+
+def write_like(target: Path, path: Path, arch: str, seed: int = 7) -> Path:
+    """A random EAGLE-3 (`arch` "eagle3") or DFlash ("dflash") draft of a real target's proportions, with its
+    tokenizer, borrowing its embeddings and head: llama.cpp loads and runs it as it would a published one (which the
+    package index has none of); it drafts nothing right. EAGLE-3 reads llama.cpp's convert default layers
+    (2, n/2, n - 3), DFlash five layers spread over the target's, a block of 16 with the target's token 0 as mask."""
+    from gguf import GGUFReader, GGUFValueType
+
+    r = GGUFReader(target)
+    t_arch = r.fields["general.architecture"].contents()
+    meta = {k: f.contents() for k, f in r.fields.items() if k.startswith(f"{t_arch}.")}
+    e, n, ff = meta[f"{t_arch}.embedding_length"], meta[f"{t_arch}.block_count"], meta[f"{t_arch}.feed_forward_length"]
+    heads, kv = meta[f"{t_arch}.attention.head_count"], meta[f"{t_arch}.attention.head_count_kv"]
+    hd = e // heads
+    w = GGUFWriter(str(path), arch)
+    for k, f in r.fields.items():  # its tokenizer, as a published draft carries its target's
+        if k.startswith("tokenizer."):
+            vt = f.types[0]
+            w.add_key_value(k, f.contents(), vt, f.types[-1] if vt == GGUFValueType.ARRAY else None)
+    w.add_name(path.stem)
+    w.add_context_length(meta[f"{t_arch}.context_length"])
+    w.add_embedding_length(e)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(float(meta.get(f"{t_arch}.rope.freq_base", 10000.0)))
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape) * 0.02
+
+    blocks = 1 if arch == "eagle3" else 2
+    w.add_block_count(blocks)
+    t: dict[str, np.ndarray] = {"output_norm.weight": np.ones(e)}
+    if arch == "eagle3":
+        layers = [2, n // 2, n - 3]
+        w.add_array("eagle3.target_layers", layers)
+        w.add_uint32("eagle3.target_hidden_size", e)
+        t |= {"fc.weight": rand(e, 3 * e), "blk.0.attn_norm_2.weight": np.ones(e)}
+        width = 2 * e
+    else:
+        layers = [1 + i * (n - 2) // 4 for i in range(5)]
+        w.add_array("dflash.target_layers", layers)
+        w.add_uint32("dflash.block_size", 16)
+        w.add_mask_token_id(0)
+        t |= {"fc.weight": rand(e, 5 * e), "enc.output_norm.weight": np.ones(e)}
+        width = e
+    for b in range(blocks):
+        p = f"blk.{b}."
+        t |= {
+            p + "attn_norm.weight": np.ones(e),
+            p + "attn_q.weight": rand(heads * hd, width),
+            p + "attn_k.weight": rand(kv * hd, width),
+            p + "attn_v.weight": rand(kv * hd, width),
+            p + "attn_output.weight": rand(e, heads * hd),
+            p + "ffn_norm.weight": np.ones(e),
+            p + "ffn_gate.weight": rand(ff, e),
+            p + "ffn_up.weight": rand(ff, e),
+            p + "ffn_down.weight": rand(e, ff),
+        }
+        if arch == "dflash":
+            t |= {p + "attn_q_norm.weight": np.ones(hd), p + "attn_k_norm.weight": np.ones(hd)}
+    return finish(w, {k: v.astype(np.float32) for k, v in t.items()}, path)

@@ -232,6 +232,7 @@ BAD = {
     "dflash_layer2": "reads target layer 2; counter.gguf has layers 0 to 1",
     "dflash_nomask": "has no mask token",
     "dflash_embd32": "was made for a target of hidden size 32",
+    "eagle3_d2t_bad": "its d2t map names token ids outside its vocabulary of 259",
 }
 
 
@@ -419,3 +420,35 @@ def test_the_memory_check_counts_the_drafts_cache(native, monkeypatch):
     with pytest.raises(UsageError, match="of KV cache"):
         with open_session(cfg(native, "dflash", ctx_size=4096)):
             pass
+
+
+def test_a_draft_whose_logits_turn_nan_stops_drafting_and_says_so(capsys, native, target_only):
+    with open_session(cfg(native, "eagle3_nan", draft_tokens=4)) as s:
+        events = list(s.generate(s.prompt_tokens(PROMPTS[0])))
+    assert collect(iter(events)).tokens == target_only[PROMPTS[0]]
+    notices = [e.message for e in events if type(e).__name__ == "Notice"]
+    assert len(notices) == 1 and "non-finite logits" in notices[0] and "output is unaffected" in notices[0]
+
+
+@pytest.fixture(scope="module")
+def smollm2_drafts(smollm2, tmp_path_factory) -> dict[str, Path]:
+    """Random EAGLE-3 and DFlash drafts of SmolLM2-135M's proportions (a llama model: it hands out its layer inputs),
+    with its tokenizer: what a published draft for it would load as."""
+    folder = tmp_path_factory.mktemp("smollm2-drafts")
+    return {arch: nm.write_like(smollm2, folder / f"{arch}.gguf", arch) for arch in ("eagle3", "dflash")}
+
+
+@pytest.mark.parametrize("arch", ["eagle3", "dflash"])
+def test_a_real_target_with_its_drafts_is_exactly_target_only(smollm2, smollm2_drafts, arch):
+    """SmolLM2 with drafts of its proportions: exact mode's greedy output is the target's alone, token for token,
+    with the target's layer inputs read on every decode (reading them must not change what it computes), under a
+    grammar too; the draft reads the target's layers 2, 15 and 27 (EAGLE-3) or five spread over its 30."""
+    base = dict(target=smollm2, threads=2, ctx_size=1024, max_tokens=48, exact=True, debug=True)
+    prompts = ["Write a haiku about the sea.", "List three prime numbers:"]
+    with open_session(RunConfig(**base, drafter="none")) as s:
+        want = [run_engine(s, p)[0] for p in prompts] + [run_engine(s, prompts[1], gbnf="root ::= [0-9, ]+")[0]]
+    with open_session(RunConfig(**base, draft=smollm2_drafts[arch], drafter=arch, draft_tokens=4)) as s:
+        got = [run_engine(s, p) for p in prompts] + [run_engine(s, prompts[1], gbnf="root ::= [0-9, ]+")]
+        assert s.hidden().tap.layers == hidden.read(smollm2_drafts[arch]).layers
+    assert [g[0] for g in got] == want
+    assert sum(g[1].drafted for g in got) > 0

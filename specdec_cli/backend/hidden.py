@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,8 @@ class DraftFile:
     block: int | None  # DFlash: the trained block (its drafts are block - 1 tokens at most)
     mask: int | None  # DFlash: the mask token's id
     own_head: bool  # has its own output head (else it borrows the target's)
+    n_vocab: int = 0  # its vocabulary's size (the target's: it carries the target's tokenizer)
+    bad_d2t: str | None = None  # what is wrong with its d2t map (draft rows -> target ids), read from the file
 
     @property
     def label(self) -> str:
@@ -121,12 +124,30 @@ def read(path: Path) -> DraftFile | None:
         h = gguf_file.header(gguf_file.check(path))
     except (SpecdecError, OSError, gguf_file.Malformed):
         return None
-    fields = describe(h.metadata, {t.name for t in h.tensors})
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        fields = describe(h.metadata, {t.name for t in h.tensors}, d2t_problem(data, h))
     return DraftFile(path=Path(path), **fields) if fields is not None else None
 
 
-def describe(meta: dict, names: set[str]) -> dict | None:
-    """DraftFile's fields but its path, from a header's metadata and tensor names (None: not one of KINDS)."""
+def d2t_problem(data, h: gguf_file.Header) -> str | None:
+    """What is wrong with a reduced draft vocabulary's map to target ids (d2t, I64; `data`: the file's bytes), each
+    id checked to be one: llama.cpp scatters the draft's logits by it unchecked. None: none, or nothing wrong."""
+    t = next((t for t in h.tensors if t.name == "d2t"), None)
+    if t is None:
+        return None
+    tokens = h.metadata.get("tokenizer.ggml.tokens")
+    n_vocab = tokens.length if isinstance(tokens, gguf_file.Array) else 0
+    if t.ggml_type != 27 or len(t.shape) != 1:  # GGML_TYPE_I64
+        return "its d2t map is not a vector of 64-bit ids"
+    ids = np.frombuffer(data, np.int64, count=t.shape[0], offset=h.data_offset + t.offset)
+    if ids.size and not (0 <= int(ids.min()) and int(ids.max()) < n_vocab):
+        return f"its d2t map names token ids outside its vocabulary of {n_vocab:,}"
+    return None
+
+
+def describe(meta: dict, names: set[str], bad_d2t: str | None = None) -> dict | None:
+    """DraftFile's fields but its path, from a header's metadata and tensor names (None: not one of KINDS) and what
+    d2t_problem found."""
     arch = meta.get("general.architecture")
     if arch not in KINDS:
         return None
@@ -149,6 +170,8 @@ def describe(meta: dict, names: set[str]) -> dict | None:
         block=(gguf_file.int_value(meta, "dflash.block_size") or 16) if arch == "dflash" else None,
         mask=mask if mask is not None and mask >= 0 else None,
         own_head="output.weight" in names and "token_embd.weight" in names,
+        n_vocab=tokens.length if isinstance(tokens := meta.get("tokenizer.ggml.tokens"), gguf_file.Array) else 0,
+        bad_d2t=bad_d2t,
     )
 
 
@@ -179,6 +202,10 @@ def problem(d: DraftFile, target: str, arch: str, n_embd: int, n_layer: int) -> 
         return f"{what} reads target layer {bad[0]}; {target} has layers 0 to {last} to read ({n_layer} layers)"
     if d.arch == "dflash" and d.mask is None:
         return f"{what} has no mask token (tokenizer.ggml.mask_token_id), which its blocks are made of"
+    if d.mask is not None and not d.mask < d.n_vocab:
+        return f"{what}'s mask token {d.mask} is not in its vocabulary of {d.n_vocab:,}"
+    if d.bad_d2t:
+        return f"{what}: {d.bad_d2t}"
     if d.block is not None and d.block < 2:
         return f"{what} has a block of {d.block} (dflash.block_size): no token to draft"
     return None
