@@ -96,20 +96,62 @@ class Round:
     accepted: int
 
 
-def rounds(target: Path, draft: Path, spec_type: str, k: int, n: int, prompt: str, threads: int = 2) -> list[Round]:
-    """Greedy llama-speculative-simple on `prompt`: its rounds, in order."""
+def _run(target, draft, spec_type: str, k: int, n: int, prompt: str, threads: int, verbosity: int, ctx: int) -> str:
+    """Greedy llama-speculative-simple on `prompt`: its log."""
     exe = tool()
     if exe is None:
         raise FileNotFoundError(f"{TOOL} is not built: python scripts/llama_reference.py build")
     args = [exe, "-m", target, "-md", draft, "--spec-type", spec_type, "--spec-draft-n-max", str(k),
-            "--temp", "0", "-t", str(threads), "-td", str(threads), "-c", "2048", "-n", str(n), "-p", prompt,
-            "--poll", "0", "-lv", "5"]  # fmt: skip
+            "--temp", "0", "-t", str(threads), "-td", str(threads), "-c", str(ctx), "-n", str(n), "-p", prompt,
+            "--poll", "0", "-lv", str(verbosity)]  # fmt: skip
+    if _amx():  # as specdec loads them there: ggml's AMX weight layout crashes on these CPUs (docs/gpu.md)
+        args.append("--no-repack")
     env = dict(os.environ, LD_PRELOAD=str(folder() / PRELOAD), LD_LIBRARY_PATH=str(exe.parent))
-    run = subprocess.run([str(a) for a in args], capture_output=True, env=env, timeout=300)
+    run = subprocess.run([str(a) for a in args], capture_output=True, env=env, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"{TOOL} exited {run.returncode}: {run.stderr.decode('utf-8', 'replace')[-2000:]}")
+    return run.stderr.decode("utf-8", "replace")
+
+
+def _amx() -> bool:
+    from specdec_cli.backend import cpu
+
+    return cpu.amx()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What one run says of its time: the generation (after the prompt) and the drafter's part of it."""
+
+    tokens: int  # decoded
+    seconds: float  # the generation's
+    rounds: int  # the drafter's calls to draft
+    draft_ms: float  # in the drafter's draft() (its decodes included; its process() of the target's rows is not)
+    drafted: int
+    accepted: int
+
+
+STATS = re.compile(
+    r"#calls\(b,g,a\) = +\d+ +(\d+) +\d+.*#gen tokens = +(\d+), #acc tokens = +(\d+).*dur\(b,g,a\) = [\d.]+, ([\d.]+),"
+)
+DECODED = re.compile(r"decoded +(\d+) tokens in +([\d.]+) seconds")
+
+
+def timed(target, draft, spec_type: str, k: int, n: int, prompt: str, threads: int = 2, ctx: int = 4096) -> Timing:
+    """A run for its timing: the log at the level that prints the statistics, not every candidate."""
+    log = _run(target, draft, spec_type, k, n, prompt, threads, 4, ctx)
+    d, s = DECODED.search(log), STATS.search(log)
+    if not d or not s:
+        raise RuntimeError(f"{TOOL} printed no statistics: {log[-1000:]}")
+    return Timing(
+        int(d.group(1)), float(d.group(2)), int(s.group(1)), float(s.group(4)), int(s.group(2)), int(s.group(3))
+    )
+
+
+def rounds(target: Path, draft: Path, spec_type: str, k: int, n: int, prompt: str, threads: int = 2) -> list[Round]:
+    """Greedy llama-speculative-simple on `prompt`: its rounds, in order."""
     out, found, candidates = [], [], []
-    for line in run.stderr.decode("utf-8", "replace").splitlines():
+    for line in _run(target, draft, spec_type, k, n, prompt, threads, 5, 2048).splitlines():
         if m := CANDIDATE.search(line):
             candidates.append(int(m.group(2)))
         elif m := ACCEPTED.search(line):

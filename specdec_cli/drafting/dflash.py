@@ -21,7 +21,7 @@ TIMING_PASSES = 5
 
 
 class DFlashCache(FeatureCache):
-    def _feed(self, pos0: int, features: np.ndarray) -> None:
+    def _feed(self, pos0: int, features: np.ndarray, outputs: str) -> None:
         self.ctx.decode(None, np.arange(pos0, pos0 + len(features)), features, "none")
 
 

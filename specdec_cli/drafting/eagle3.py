@@ -25,16 +25,18 @@ class Eagle3Cache(FeatureCache):
     def _feedable(self, n: int) -> int:
         return max(min(n, len(self.text) - 1 - self.end), 0)  # a pair needs its next token
 
-    def _feed(self, pos0: int, features: np.ndarray) -> None:
-        self.pairs(pos0, features, "none")
-
-    def pairs(self, pos0: int, features: np.ndarray, outputs: str) -> None:
-        """Encode the feature rows of positions pos0.. and decode their pairs; `outputs`: "last" gives the last
-        pair's logits and pre-norm state."""
+    def _feed(self, pos0: int, features: np.ndarray, outputs: str) -> None:
+        """Encode the feature rows of positions pos0.. (one encode) and decode their pairs; `outputs` "last": the last
+        pair gives its logits and pre-norm state, decoded alone (llama.cpp's eagle3 graph outputs a batch's first
+        rows, whichever are asked for: its loop decodes the pair it drafts from by itself, and so must we)."""
         g = self.ctx.encode(features)
         n = len(g)
         tokens = self.text[pos0 + 1 : pos0 + 1 + n]
-        self.ctx.decode(tokens, np.arange(pos0, pos0 + n), g, outputs)
+        alone = outputs == "last"
+        if n > alone:
+            self.ctx.decode(tokens[: n - alone], np.arange(pos0, pos0 + n - alone), g[: n - alone], "none")
+        if alone:
+            self.ctx.decode(tokens[-1:], [pos0 + n - 1], g[-1:], "last")
 
 
 class Eagle3Drafter(HiddenDrafter):
@@ -47,13 +49,10 @@ class Eagle3Drafter(HiddenDrafter):
         if at < 0:
             return self._drafted([], [], [], [], k, 0, 0, None)
         lag = cache.lag(committed)
-        cache.feed(at)  # the pairs before it, fed as they come
-        if cache.end != at or at not in cache.rows:  # its row is not there (the target reused its cells): none yet
+        # The pairs not fed yet and this one's, in one decode: its output drafts. Without its row (the target reused
+        # its cells) there is nothing to draft from yet.
+        if at not in cache.rows or not cache.feed(at + 1, "last") or cache.end != at + 1:
             return self._drafted([], [], [], [], k, 0, lag, None)
-        row = cache.rows.pop(at)
-        cache.pairs(at, row[None, :], "last")
-        cache.end = at + 1
-        cache.recent({at: row})
         st = self._state(committed)
         tokens, q, confidence, entropies = [], [], [], []
         decodes, alone = 1, 0.0

@@ -127,10 +127,10 @@ class FeatureCache:
         if len(committed) > len(self.text):
             self.text = list(committed)
 
-    def feed(self, limit: int) -> int:
+    def feed(self, limit: int, outputs: str = "none") -> int:
         """Feed the committed rows from `end` on, up to position `limit` (exclusive) and as far as they run without a
         gap (where the rows begin past `end`, the cells start afresh there: the target reused what the draft never
-        saw). Returns how many were fed."""
+        saw); `outputs` "last": the last row's output (EAGLE-3's first draft token). Returns how many were fed."""
         for p in [p for p in self.rows if p < self.end]:
             del self.rows[p]
         if not self.rows:
@@ -146,7 +146,7 @@ class FeatureCache:
         n = self._feedable(n)
         if n:
             fed = {p: self.rows.pop(p) for p in range(self.end, self.end + n)}
-            self._feed(self.end, np.stack(list(fed.values())))
+            self._feed(self.end, np.stack(list(fed.values())), outputs)
             self.end += n
             self.recent(fed)
         return n
@@ -161,7 +161,7 @@ class FeatureCache:
         """Of n rows from `end`, how many can be fed now (EAGLE-3: those whose next token is known)."""
         return n
 
-    def _feed(self, pos0: int, features: np.ndarray) -> None:
+    def _feed(self, pos0: int, features: np.ndarray, outputs: str) -> None:
         raise NotImplementedError
 
     def lag(self, committed: list[int]) -> int:
