@@ -7,7 +7,8 @@ runs interleaved (every configuration on a prompt, then the next prompt), one ta
 Runs per prompt: llama-completion (the reference); llama-speculative-simple with the draft model (draft-simple, k)
 and with each n-gram type (ngram-simple, ngram-map-k, ngram-mod: names from this llama.cpp's common/speculative.cpp,
 their own default settings); specdec --drafter none, --drafter model at the same k, its default drafter, and
---exact with --drafter none and model. Every specdec run has faulthandler on (a native crash prints the Python stack) and a fresh
+--exact with --drafter none and model; with --eagle3 / --dflash, llama-speculative-simple --spec-type draft-eagle3 /
+draft-dflash and specdec --drafter eagle3 / dflash on those drafts, at the same k (DFlash's block clamps it). Every specdec run has faulthandler on (a native crash prints the Python stack) and a fresh
 SPECDEC_HOME (no cached cost curve, no lookup cache from an earlier prompt); a failed one runs again once with
 SPECDEC_LLAMA_LOG=1 to show llama.cpp's log. Each run's stderr is OUT/logs/PROMPT.RUN.log; every row goes to
 OUT/results.jsonl; the table (also OUT/table.txt) ends with identity: does the greedy text agree with
@@ -91,8 +92,18 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
-def configs(draft: str, k: int) -> list[Config]:
+def configs(draft: str, k: int, hidden: dict[str, str] | None = None) -> list[Config]:
     model = ("--draft", draft, "--drafter", "model", "-k", str(k))
+    native = []
+    for kind, path in (hidden or {}).items():  # EAGLE-3 and DFlash drafts: llama.cpp's loop and specdec's
+        native += [
+            Config(
+                f"spec-{kind}-k{k}",
+                "speculative",
+                ("-md", path, "--spec-type", f"draft-{kind}", "--spec-draft-n-max", str(k)),
+            ),
+            Config(f"specdec-{kind}-k{k}", "specdec", ("--draft", path, "--drafter", kind, "-k", str(k))),
+        ]
     return [
         Config("completion", "completion"),
         Config(
@@ -106,6 +117,7 @@ def configs(draft: str, k: int) -> list[Config]:
         Config("specdec-default", "specdec", ("--draft", draft)),
         Config("specdec-exact-none", "specdec", ("--exact", "--drafter", "none")),  # exact mode's own baseline
         Config(f"specdec-exact-k{k}", "specdec", ("--exact", *model)),
+        *native,
     ]
 
 
@@ -282,6 +294,8 @@ def main() -> int:
     )
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
+    ap.add_argument("--eagle3", help="an EAGLE-3 draft for the target: its rows too")
+    ap.add_argument("--dflash", help="a DFlash draft for the target: its rows too")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("-n", type=int, default=N)
     ap.add_argument("-k", type=int, default=K)
@@ -295,7 +309,8 @@ def main() -> int:
     t0 = time.time()
     logs = a.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    cfgs = [c for c in configs(a.draft, a.k) if not a.only or c.id in a.only.split(",")]
+    hidden = {kind: path for kind, path in (("eagle3", a.eagle3), ("dflash", a.dflash)) if path}
+    cfgs = [c for c in configs(a.draft, a.k, hidden) if not a.only or c.id in a.only.split(",")]
     prompts = [p for p in a.prompts.split(",") if p]
     print(
         f"bench: {a.target} + {a.draft}, -n {a.n}, k {a.k}, llama.cpp -ngl {a.ngl}; {len(prompts)} prompts x "

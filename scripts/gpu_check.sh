@@ -22,7 +22,8 @@
 #
 # Phases, in this order for `all` (the default); name one or more to run only those:
 #   llama     build llama.cpp into .gpu/work/build-cuda (or -cpu), or unpack GPU_CHECK_BIN   (log: OUT/build.log)
-#   models    random qwen2 target (F16), quantized (GPU_CHECK_QUANT), early-exit draft cut from it
+#   models    random llama target (F16), quantized (GPU_CHECK_QUANT), early-exit draft cut from it, random EAGLE-3
+#             and DFlash drafts of its proportions
 #   diagnose  tiny steps, each in its own process, ok/CRASH each (scripts/gpu_diagnose.py; also: --diagnose)
 #   bench     llama-completion, llama-speculative-simple (draft k, n-gram types) and specdec, per prompt
 #   build-only  build (never GPU_CHECK_BIN), then pack; pack: the libraries and the three tools of the llama.cpp in
@@ -306,6 +307,10 @@ models() {
   D=$M/draft-$q.gguf
   [ -f "$D" ] || "$PY" "$ROOT/scripts/gpu_models.py" cut "$T" "$D" || die "cutting the draft failed"
   echo "  target $(du -h "$T" | cut -f1) $T; draft $(du -h "$D" | cut -f1) $D"
+  for kind in eagle3 dflash; do  # random drafts of the target's proportions: a round's cost beside llama.cpp's
+    [ -f "$M/$kind.gguf" ] || "$PY" "$ROOT/scripts/gpu_models.py" hidden "$T" "$M/$kind.gguf" --kind "$kind" \
+      || die "writing the $kind draft failed"
+  done
 }
 
 # --- main ---------------------------------------------------------------------------------------------------------
@@ -363,6 +368,7 @@ for phase in "${PHASES[@]}"; do
       elif [ "$phase" = bench ]; then
         say "bench"
         "$PY" "$ROOT/scripts/gpu_bench.py" --bin "$BIN" --target "$T" --draft "$D" --out "$OUT" \
+          --eagle3 "$M/eagle3.gguf" --dflash "$M/dflash.gguf" \
           -n "${GPU_CHECK_N:-256}" -k "${GPU_CHECK_K:-8}" --ngl "${GPU_CHECK_NGL:-99}" \
           ${GPU_CHECK_THREADS:+--threads $GPU_CHECK_THREADS} ${GPU_CHECK_PROMPTS:+--prompts $GPU_CHECK_PROMPTS} \
           ${GPU_CHECK_ONLY:+--only $GPU_CHECK_ONLY} ${GPU_CHECK_BUDGET:+--budget $GPU_CHECK_BUDGET} || RC=1

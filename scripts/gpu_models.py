@@ -3,15 +3,20 @@
 an early-exit draft cut from it. No download: Qwen2.5-Coder's vocabulary comes from a GGUF of metadata alone
 (--vocab, no tensors), the weights from numpy's PCG64 seeded with (--seed, crc32 of the tensor's name).
 
-    python scripts/gpu_models.py write OUTDIR/target-F16.gguf --vocab vocab.gguf [--tiny] [--alpha 0.01]
+    python scripts/gpu_models.py write OUTDIR/target-F16.gguf --vocab vocab.gguf [--tiny] [--alpha 0.01] [--arch qwen2]
     python scripts/gpu_models.py quantize OUTDIR/target-F16.gguf OUTDIR/target-Q4_K_M.gguf Q4_K_M
     python scripts/gpu_models.py cut OUTDIR/target-Q4_K_M.gguf OUTDIR/draft-Q4_K_M.gguf [--blocks N]
+    python scripts/gpu_models.py hidden OUTDIR/target-Q4_K_M.gguf OUTDIR/eagle3.gguf --kind eagle3   (or dflash)
 
-The target is shaped like Qwen2.5-1.5B (28 blocks x 1536, feed-forward 8960, 12 heads, 2 KV heads, q/k/v biases, tied
-embeddings); --tiny gives a stand-in for CPU tests (8 blocks x 256). Blocks from --draft-blocks on have their output
+The target is shaped like Qwen2.5-1.5B (28 blocks x 1536, feed-forward 8960, 12 heads, 2 KV heads, tied embeddings),
+of architecture llama (--arch qwen2: Qwen2's, with its q/k/v biases; llama is one llama.cpp hands its layer inputs out
+of, which EAGLE-3 and DFlash drafts read); --tiny gives a stand-in for CPU tests (8 blocks x 256). Blocks from --draft-blocks on have their output
 projections (attn_output, ffn_down) scaled by ALPHA: 0 makes the target compute what its first blocks compute, every
 draft token accepted; larger makes it diverge. The draft is the target's first blocks byte for byte, cut after
 quantizing: Q4_K_M picks attn_v and ffn_down types by a block's depth, so quantizing a short model would differ.
+`hidden` writes a random EAGLE-3 or DFlash draft of the target's proportions (tests/native_models.py write_like:
+EAGLE-3's one layer reading the target's layers 2, n/2 and n - 3; DFlash's two reading five, a block of 16), F32: they
+draft nothing right, so their rows measure what a round costs, beside llama.cpp's loops on the same files.
 
 `quantize` goes through llama.cpp's C API (llama-cpp-python, LLAMA_CPP_LIB_PATH), the same function llama-quantize
 calls, for builds without that tool. Needs numpy and gguf (and llama_cpp for quantize).
@@ -64,8 +69,9 @@ def copy_fields(reader: GGUFReader, writer: GGUFWriter, skip, replace: dict | No
         writer.add_key_value(key, (replace or {}).get(key, field.contents()), vtype, sub)
 
 
-def tensor_plan(s: dict, n_vocab: int) -> list[tuple[str, tuple, float | None, type, bool]]:
-    """(name, numpy shape, std (None: a norm), dtype, scaled by alpha) for every tensor, in file order."""
+def tensor_plan(s: dict, n_vocab: int, biases: bool = True) -> list[tuple[str, tuple, float | None, type, bool]]:
+    """(name, numpy shape, std (None: a norm), dtype, scaled by alpha) for every tensor, in file order (biases:
+    Qwen2's q/k/v biases)."""
     d, ff = s["n_embd"], s["n_ff"]
     dkv = d // s["n_head"] * s["n_head_kv"]
     plan = [
@@ -88,7 +94,7 @@ def tensor_plan(s: dict, n_vocab: int) -> list[tuple[str, tuple, float | None, t
             (p + "ffn_up.weight", (ff, d), 1 / d**0.5, np.float16, False),
             (p + "ffn_down.weight", (d, ff), 1 / ff**0.5, np.float16, late),
         ]
-    return plan
+    return [t for t in plan if biases or not t[0].endswith(".bias")]
 
 
 def values(item: tuple, seed: int, alpha: float) -> np.ndarray:
@@ -101,7 +107,7 @@ def values(item: tuple, seed: int, alpha: float) -> np.ndarray:
     return a.astype(dtype)
 
 
-def write(out: Path, vocab: Path, tiny: bool, alpha: float, seed: int, jobs: int) -> None:
+def write(out: Path, vocab: Path, tiny: bool, alpha: float, seed: int, jobs: int, arch: str = "llama") -> None:
     """The F16 target, written to OUT.part and renamed whole (a killed run leaves no half model); its tensors made
     by `jobs` processes (a 1.5B one takes minutes on one core), written in order as they come."""
     t0 = time.time()
@@ -109,9 +115,9 @@ def write(out: Path, vocab: Path, tiny: bool, alpha: float, seed: int, jobs: int
     voc = GGUFReader(vocab)
     n_vocab = len(voc.fields["tokenizer.ggml.tokens"].data)
     part = out.with_name(out.name + ".part")
-    w = GGUFWriter(str(part), "qwen2")
+    w = GGUFWriter(str(part), arch)
     copy_fields(voc, w, lambda k: k.startswith("qwen2.") or k in VOCAB_SKIP)
-    w.add_name(f"specdec gpu_check random qwen2 ({'tiny' if tiny else '1.5B'}) alpha={alpha:g} seed={seed}")
+    w.add_name(f"specdec gpu_check random {arch} ({'tiny' if tiny else '1.5B'}) alpha={alpha:g} seed={seed}")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_block_count(s["n_layer"])
     w.add_context_length(CTX)
@@ -122,7 +128,9 @@ def write(out: Path, vocab: Path, tiny: bool, alpha: float, seed: int, jobs: int
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_uint32(DRAFT_KEY, s["n_draft"])
-    plan = tensor_plan(s, n_vocab)
+    if arch == "llama":
+        w.add_rope_dimension_count(s["n_embd"] // s["n_head"])
+    plan = tensor_plan(s, n_vocab, biases=arch == "qwen2")
     for name, shape, _, dtype, _ in plan:
         w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     w.write_header_to_file()
@@ -169,6 +177,18 @@ def cut(src: Path, dst: Path, blocks: int | None) -> None:
     )
 
 
+def hidden(target: Path, dst: Path, kind: str) -> None:
+    """tests/native_models.py's write_like, to DST.part and renamed whole."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import native_models
+
+    t0 = time.time()
+    part = dst.with_name(dst.name + ".part")
+    native_models.write_like(target, part, kind)
+    part.replace(dst)
+    print(f"wrote {dst} ({kind}, {dst.stat().st_size / 2**20:.0f} MiB) in {time.time() - t0:.1f} s")
+
+
 def quantize(src: Path, dst: Path, qtype: str, threads: int) -> None:
     """llama_model_quantize, as llama-quantize calls it (its default parameters, all cores unless --threads)."""
     import llama_cpp.llama_cpp as L
@@ -207,9 +227,16 @@ def main() -> None:
     c.add_argument("src", type=Path)
     c.add_argument("dst", type=Path)
     c.add_argument("--blocks", type=int, help=f"blocks to keep [the target's {DRAFT_KEY}, else {DRAFT_BLOCKS}]")
+    h = sub.add_parser("hidden", help="a random EAGLE-3 or DFlash draft of the target's proportions")
+    h.add_argument("target", type=Path)
+    h.add_argument("dst", type=Path)
+    h.add_argument("--kind", choices=["eagle3", "dflash"], required=True)
+    w.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
     a = ap.parse_args()
     if a.cmd == "write":
-        write(a.out, a.vocab, a.tiny, a.alpha, a.seed, a.jobs)
+        write(a.out, a.vocab, a.tiny, a.alpha, a.seed, a.jobs, a.arch)
+    elif a.cmd == "hidden":
+        hidden(a.target, a.dst, a.kind)
     elif a.cmd == "quantize":
         quantize(a.src, a.dst, a.type, a.threads)
     else:

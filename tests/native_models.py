@@ -408,3 +408,10 @@ def write_like(target: Path, path: Path, arch: str, seed: int = 7) -> Path:
         if arch == "dflash":
             t |= {p + "attn_q_norm.weight": np.ones(hd), p + "attn_k_norm.weight": np.ones(hd)}
     return finish(w, {k: v.astype(np.float32) for k, v in t.items()}, path)
+
+
+if __name__ == "__main__":  # python tests/native_models.py FOLDER: the set, to try them by hand
+    import sys
+
+    for name, path in write_native_set(Path(sys.argv[1] if len(sys.argv) > 1 else "native-fixtures")).items():
+        print(f"{name:16} {path}")

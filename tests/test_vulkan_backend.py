@@ -147,3 +147,25 @@ def test_exact_mode_refuses_a_target_asked_onto_the_gpu(models):
     r = cli("generate", "hi", "--target", models["target"], "--exact", "-ngl", "all")
     assert r.returncode == 2 and r.stderr.startswith("error: --exact keeps the target on the CPU"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 2  # the error and its hint
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    import native_models
+
+    return native_models.write_native_set(tmp_path_factory.mktemp("native"))
+
+
+@pytest.mark.parametrize("draft", ["eagle3", "dflash"])
+@pytest.mark.parametrize("where", [(), ("-ngld", "0")], ids=["draft-offloaded", "draft-on-cpu"])
+def test_drafts_of_the_targets_hidden_states_run_here(native, draft, where):
+    """EAGLE-3 and DFlash on this backend: the target's layer inputs read back from it, the draft (borrowing the
+    target's embeddings and head) beside it on the device or on the CPU (-ngld 0); greedy text the target's alone,
+    their designed drafts accepted."""
+    args = ("--target", native["counter"], "--temp", "0", "-n", "40", "--no-chat", "--json")
+    plain = cli("generate", "abcdefghijkl", *args, "--drafter", "none")
+    spec = cli("generate", "abcdefghijkl", *args, "--draft", native[draft], "--drafter", draft, "-k", "4", *where)
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    got = json.loads(spec.stdout)
+    assert got["tokens"] == json.loads(plain.stdout)["tokens"]
+    assert got["stats"]["by_drafter"][draft]["accepted"] > 0
