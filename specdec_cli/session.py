@@ -197,7 +197,7 @@ class Session:
                 "and one-token kernels exact mode does not cover",
                 hint="run without --exact (README: Models)",
             )
-        drafter = self.able(cfg.drafter)
+        drafter = drafting.able(cfg.drafter, self.target, self.mtp_layers)  # (the draft is read after: drafts.drafter)
         if drafter != cfg.drafter:
             self.warnings.append(
                 f"{self.target.name} cannot speculate: {self.target.rollback_problem()}; auto decodes it plainly"
@@ -210,8 +210,7 @@ class Session:
     def able(self, drafter: str, branches: int = 1) -> str:
         """`drafter` where this target can draft with it (drafting.able: plain decoding, or an error, elsewhere), and
         with this draft (drafts.drafter: `model` with an EAGLE-3 draft is eagle3)."""
-        name = drafting.able(drafter, self.target, self.mtp_layers)
-        return drafts.drafter(name, self.draft_of, branches) if hasattr(self, "draft_of") else name
+        return drafts.drafter(drafting.able(drafter, self.target, self.mtp_layers), self.draft_of, branches)
 
     @property
     def uses_chat(self) -> bool:

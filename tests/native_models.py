@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import numpy as np
 from gguf import GGUFWriter
 
@@ -179,6 +180,7 @@ def write_eagle3(
     d2t: int | None = None,
     n_embd: int = N_EMBD,
     nan: bool = False,
+    embd_rows: int | None = None,
 ) -> Path:
     """An EAGLE-3 draft for the counting target reading target layers `layers` (their inputs); `hidden`: the target
     hidden size it says it was made for (another than the target's: a bad file); d2t: a reduced draft vocabulary
@@ -211,6 +213,8 @@ def write_eagle3(
         t["d2t"] = np.arange(3 + d2t, 3 + d2t + n, dtype=np.int64)
     if nan:
         t["output_norm.weight"] = np.full(e, np.nan)
+    if embd_rows is not None:  # its own token embeddings, for that many tokens (fewer than its vocabulary: bad)
+        t["token_embd.weight"] = target_weights(259)["token_embd.weight"][:embd_rows]
     return finish(w, {k: v.astype(np.float32) if v.dtype != np.int64 else v for k, v in t.items()}, path)
 
 
@@ -307,6 +311,24 @@ def _dflash_tensors(e: int, fc, wq=None, wk=None, wv=None, wo=None) -> dict[str,
     }
 
 
+def _d2t_short(path: Path) -> Path:
+    """A d2t map shorter than its head's rows (llama.cpp asserts they agree)."""
+    write_eagle3(path, d2t=0)
+    from gguf import GGUFReader
+
+    r = GGUFReader(path)
+    w = GGUFWriter(str(path) + ".tmp", "eagle3")
+    for k, f in r.fields.items():
+        if not k.startswith("GGUF.") and k != "general.architecture":
+            vt = f.types[0]
+            w.add_key_value(k, f.contents(), vt, f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+    tensors = {t.name: np.array(t.data) for t in r.tensors}
+    tensors["d2t"] = tensors["d2t"][:200]
+    finish(w, tensors, path)
+    Path(str(path) + ".tmp").replace(path)
+    return path
+
+
 def counting(start: int, n: int) -> bytes:
     """What the target writes after byte `start`, n bytes."""
     out, b = [], start
@@ -322,7 +344,8 @@ def write_native_set(folder: Path) -> dict[str, Path]:
     (drafts as dflash does),
     eagle3_wrong / dflash_wrong (the negative controls: layer 0, one byte behind), and
     bad files: eagle3_hidden32, eagle3_layer5, dflash_layer2 (= the target's layers: a layer input llama.cpp does not
-    extract from llama), dflash_nomask, dflash_embd32, eagle3_d2t_bad (its d2t map past the vocabulary)."""
+    extract from llama), dflash_nomask, dflash_embd32, eagle3_d2t_bad (its d2t map past the vocabulary),
+    eagle3_d2t_short (a d2t map shorter than its head), eagle3_embd_short (its own embeddings for 100 tokens)."""
     folder.mkdir(parents=True, exist_ok=True)
     return {
         "counter": write_target(folder / "counter.gguf"),
@@ -332,6 +355,8 @@ def write_native_set(folder: Path) -> dict[str, Path]:
         "eagle3_d2t": write_eagle3(folder / "eagle3_d2t.gguf", d2t=0),
         "eagle3_nan": write_eagle3(folder / "eagle3_nan.gguf", nan=True),
         "eagle3_d2t_bad": write_eagle3(folder / "eagle3_d2t_bad.gguf", d2t=100),
+        "eagle3_d2t_short": _d2t_short(folder / "eagle3_d2t_short.gguf"),
+        "eagle3_embd_short": write_eagle3(folder / "eagle3_embd_short.gguf", embd_rows=100),
         "dflash": write_dflash(folder / "dflash.gguf"),
         "dflash_wrong": write_dflash(folder / "dflash_wrong.gguf", layers=(0,)),
         "dflash2": write_dflash(folder / "dflash2.gguf", dflash2=True),

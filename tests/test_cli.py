@@ -114,7 +114,7 @@ def test_chat_template_is_applied_by_default_when_present(capsys, models):
         (
             ["--target", "{target}", "--drafter", "magic"],
             2,
-            "--drafter must be one of auto, model, mtp, lookup, none (got 'magic')",
+            "--drafter must be one of auto, model, mtp, eagle3, dflash, lookup, none (got 'magic')",
         ),
         (["--target", "{target}", "--draft", "{draft}", "--p-min", "1.5"], 2, "--p-min must be in [0, 1]"),
         (["--target", "{target}", "--draft", "{draft}", "--p-min", "-0.1"], 2, "--p-min must be in [0, 1]"),

@@ -475,7 +475,8 @@ def test_a_config_drafter_that_does_not_exist_names_the_file_and_key(capsys, mod
     code, _, err = specdec(capsys, "generate", "hi", "--config", str(cfg), "--pair", "x")
     assert (
         code == 1
-        and f"config {cfg}: pairs.x.drafter: must be one of auto, model, mtp, lookup, none" in one_line_error(err)
+        and f"config {cfg}: pairs.x.drafter: must be one of auto, model, mtp, eagle3, dflash, lookup, none"
+        in one_line_error(err)
     )
 
 

@@ -20,11 +20,12 @@ from specdec_cli.backend import hidden
 from specdec_cli.cli import main
 from specdec_cli.drafting import cost as costmodel
 from specdec_cli.drafting import measure as measurement
+from specdec_cli.drafting.auto import AutoDrafter
 from specdec_cli.drafting.dflash import DFlashDrafter
 from specdec_cli.drafting.eagle3 import Eagle3Drafter
 from specdec_cli.drafting.hidden import FLUSH, HiddenDrafter
 from specdec_cli.engine import shapes as tree_module
-from specdec_cli.engine.events import Round
+from specdec_cli.engine.events import Prefilled, Round
 from specdec_cli.engine.stats import collect
 from specdec_cli.errors import UsageError
 from specdec_cli.options import RunConfig
@@ -233,6 +234,7 @@ BAD = {
     "dflash_nomask": "has no mask token",
     "dflash_embd32": "was made for a target of hidden size 32",
     "eagle3_d2t_bad": "its d2t map names token ids outside its vocabulary of 259",
+    "eagle3_d2t_short": "its d2t map has 200 ids for an output head of 256 rows",
 }
 
 
@@ -263,6 +265,12 @@ def test_the_checks_read_headers_alone(native):
     d = hidden.read(native["dflash_layer2"])
     assert hidden.problem(d, "T", "mimo2", 64, 2) is None  # mimo2's graph hands out layer n_layer too
     assert hidden.read(native["counter"]) is None
+    # A file embedding fewer tokens than its vocabulary: a run refuses it as damaged (gguf_file's header check), a
+    # listing (models pair) by this check on its header's facts.
+    from specdec_cli.models import facts
+
+    d = hidden.DraftFile(path=native["eagle3_embd_short"], **facts.read(native["eagle3_embd_short"]).draft)
+    assert "embeds 100 tokens" in hidden.problem(d, "T", "llama", 64, 2)
     assert hidden.read(native["dflash2"]).variant == "dflash2"
 
 
@@ -300,10 +308,11 @@ def test_the_cells_follow_the_text_across_runs(native, monkeypatch):
 
 
 def test_plain_rounds_feed_the_draft_in_batches(native, monkeypatch):
-    """Where auto decodes plainly (a CPU-like curve), the committed rows are fed FLUSH at a time, not held: the
-    cells follow the text, and a later run drafts from them at once."""
-    cpu = FrozenCosts({1: 0.01, 2: 0.02, 4: 0.04, 8: 0.08, 16: 0.16, 32: 0.32}, 0.005, 32)
-    monkeypatch.setattr(measurement, "measure", lambda *a, **kw: cpu)
+    """Where auto decodes plainly with the draft attached (on a curve where it could pay, its rounds do not), the
+    committed rows are fed FLUSH at a time, not held: the cells follow the text."""
+    gpu = FrozenCosts({1: 0.01, 16: 0.011, 32: 0.012}, 0.0005, 32)
+    monkeypatch.setattr(measurement, "measure", lambda *a, **kw: gpu)
+    monkeypatch.setattr(AutoDrafter, "_model_pays", lambda *a, **kw: None)  # it never drafts with the model
     with open_session(
         cfg(native, "dflash", drafter="auto", draft_tokens=None, ctx_size=2048, max_tokens=3 * FLUSH)
     ) as s:
@@ -340,16 +349,18 @@ def test_auto_weighs_them_by_the_cost_curve(native, monkeypatch):
     decode half a target's) it drafts nothing with them: never slower than the target alone."""
     gpu = FrozenCosts({1: 0.01, 16: 0.011, 32: 0.012}, None, 32)
     cpu = FrozenCosts({1: 0.01, 2: 0.02, 4: 0.04, 8: 0.08, 16: 0.16, 32: 0.32}, None, 32)
-    for curve, draft_cost, pays in ((gpu, 0.0005, True), (cpu, 0.005, False)):
+    for curve, draft_cost, pays in ((gpu, 0.0005, True), (cpu, 0.005, False)):  # (cpu: left out from the start)
         monkeypatch.setattr(measurement, "measure", lambda *a, c=curve, **kw: c)
         for cls in (Eagle3Drafter, DFlashDrafter):
-            monkeypatch.setattr(cls, "time_one", lambda self, t=draft_cost: t)
+            monkeypatch.setattr(cls, "time_one", lambda self, t=draft_cost: (t, t, 0.0))  # (feeding: free)
         for draft in ("eagle3", "dflash"):
-            curve.draft = None  # (auto times a draft decode where the curve has none: time_one)
+            curve.draft, curve.draft_source = None, None  # (auto times a draft decode where the curve has none)
             run = cfg(native, draft, drafter="auto", draft_tokens=None, max_tokens=60, remeasure=True)
             with open_session(run) as s:
                 events = list(s.generate(s.prompt_tokens("0123456789" * 3)))
+                read = s.target_ctx.tap is not None  # (where it cannot pay, the target's rows go unread)
             mine = [e for e in events if isinstance(e, Round) and e.drafter == _kind(draft)]
+            assert read == pays
             assert bool(mine) == pays, (draft, pays)
             if pays and draft == "dflash":
                 assert max(e.drafted for e in mine) == nm.BLOCK - 1
@@ -452,3 +463,66 @@ def test_a_real_target_with_its_drafts_is_exactly_target_only(smollm2, smollm2_d
         assert s.hidden().tap.layers == hidden.read(smollm2_drafts[arch]).layers
     assert [g[0] for g in got] == want
     assert sum(g[1].drafted for g in got) > 0
+
+
+def test_serve_batch_and_bench_draft_with_them(capsys, native, tmp_path):
+    """Every command: a server's requests (a request may ask for plain decoding, or for the drafter by `model`) get
+    the target's text; a batch file's; bench's rows sweep the file's own drafter in the draft model's place."""
+    from test_serve import Served
+
+    body = {"prompt": "abcdefghijkl", "max_tokens": 24, "temperature": 0}
+    s = Served("--target", native["counter"], "--draft", native["dflash"], "--debug", "--no-lookup-cache")
+    try:
+        answers = [s.post("/v1/completions", body | extra) for extra in ({"drafter": "model"}, {"drafter": "none"}, {})]
+        wrong = s.post("/v1/completions", body | {"drafter": "eagle3"})
+    finally:
+        assert s.stop() == 0
+    assert all(status == 200 for status, _, _ in answers)
+    assert len({obj["choices"][0]["text"] for _, _, obj in answers}) == 1
+    assert answers[0][2]["speculative"]["by_drafter"]["dflash"]["accepted"] > 0
+    assert wrong[0] == 400 and "drafts with an EAGLE-3 draft" in wrong[2]["error"]["message"]
+
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"prompt": "abcdefghijkl", "max_tokens": 16}\n{"prompt": "uvwxyz", "max_tokens": 16}\n')
+    code, _, err = specdec(
+        capsys, "batch", requests, "-o", tmp_path / "out.jsonl", "--target", native["counter"],
+        "--draft", native["eagle3"], "--drafter", "eagle3", "-k", "3", "--no-lookup-cache",
+    )  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert code == 0, err
+    assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in rows)
+
+    code, _, err = specdec(
+        capsys, "bench", "--target", native["counter"], "--draft", native["eagle3"], "-n", "16", "--runs", "1",
+        "--draft-tokens", "3", "--prompts", Path(__file__).parent.parent / "scripts" / "short-answers.jsonl",
+        "--json", tmp_path / "bench.json", "--no-lookup-cache",
+    )  # fmt: skip
+    assert code == 0, err
+    drafters = {r["drafter"] for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
+    assert "eagle3" in drafters and not {"model", "dflash"} & drafters
+
+
+def test_a_prompt_the_target_holds_whole_keeps_the_drafts_cells(native):
+    """Runs that reuse the target's cells (a server's turns, a bench's repeated prompts): an EAGLE-3 draft asks the
+    target to decode again the few positions whose rows it lacks, and keeps its cells (the whole prompt's); a DFlash
+    draft whose cells fell behind the target's (a run of another drafter between) starts afresh where the target's
+    rows begin, rather than a block past a gap (which llama.cpp refuses)."""
+    prompt = "abcdefghijkl"
+    with open_session(cfg(native, None, max_tokens=200)) as alone:
+        want = run_engine(alone, prompt)[0]
+    with open_session(cfg(native, "eagle3", max_tokens=200, draft_tokens=4)) as s:
+        for _ in range(2):
+            events = list(s.generate(s.prompt_tokens(prompt), Inputs(reuse=True)))
+            assert collect(iter(events)).tokens == want and s.hidden().start == 0
+        prefilled = next(e for e in events if isinstance(e, Prefilled))
+        assert 0 < prefilled.cached < len(s.prompt_tokens(prompt)) - 1  # the target decoded a position again
+    other = '!"#$%&'  # a run of another drafter on another text, which the target keeps whole (80 tokens)
+    with open_session(cfg(native, None, max_tokens=80)) as alone:
+        answer = alone.target.piece  # (bytes of its tokens)
+        text = other + b"".join(answer(t) for t in run_engine(alone, other)[0]).decode()
+        wants = [run_engine(alone, p)[0] for p in (prompt, other, text)]
+    with open_session(cfg(native, "dflash", drafter="auto", max_tokens=80, draft_tokens=4)) as s:
+        for p, drafter, want in zip((prompt, other, text), ("dflash", "none", "dflash"), wants):
+            r = collect(s.generate(s.prompt_tokens(p), Inputs(reuse=True), drafter=drafter))
+            assert r.tokens == want, drafter
+        assert r.stats.drafted > 0

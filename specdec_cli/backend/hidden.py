@@ -33,9 +33,10 @@ from .native import Model, last_log_error, native_lib
 KINDS = ("eagle3", "dflash")  # general.architecture of the drafts this module runs
 # Targets whose graphs hand out their layers' inputs (llama.cpp sets res->t_layer_inp[il] in src/models/ for these):
 # any other (qwen2, gemma3, ...) aborts the process when asked for one.
+# (qwen4exp sets them too, but hyper-connection wide: llama.cpp asserts a row is n_embd wide when it reads them)
 FEEDS = frozenset(
     "bailingmoe3 deepseek4 gemma4 gpt-oss hunyuan_vl lfm2 llama mimo2 minimax-01 minimax-m2 muse-glimmer nanbeige "
-    "nemotron_h qwen3 qwen35 qwen35moe qwen3moe qwen3next qwen4exp".split()
+    "nemotron_h qwen3 qwen35 qwen35moe qwen3moe qwen3next".split()
 )
 # Of those, the ones whose graphs also hand out the final layer's output as "layer n_layer" (a DFlash draft may read it).
 FEEDS_LAST = frozenset("deepseek4 mimo2 nemotron_h".split())
@@ -106,6 +107,7 @@ class DraftFile:
     own_head: bool  # has its own output head (else it borrows the target's)
     n_vocab: int = 0  # its vocabulary's size (the target's: it carries the target's tokenizer)
     bad_d2t: str | None = None  # what is wrong with its d2t map (draft rows -> target ids), read from the file
+    embd_rows: int | None = None  # rows of its own token embeddings (None: it borrows the target's)
 
     @property
     def label(self) -> str:
@@ -125,8 +127,14 @@ def read(path: Path) -> DraftFile | None:
     except (SpecdecError, OSError, gguf_file.Malformed):
         return None
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        fields = describe(h.metadata, {t.name for t in h.tensors}, d2t_problem(data, h))
+        fields = describe(h.metadata, {t.name for t in h.tensors}, d2t_problem(data, h), embd_rows(h))
     return DraftFile(path=Path(path), **fields) if fields is not None else None
+
+
+def embd_rows(h: gguf_file.Header) -> int | None:
+    """The rows of a file's own token embeddings (None: it has none)."""
+    t = next((t for t in h.tensors if t.name == "token_embd.weight"), None)
+    return t.shape[1] if t is not None and len(t.shape) == 2 else None
 
 
 def d2t_problem(data, h: gguf_file.Header) -> str | None:
@@ -139,15 +147,19 @@ def d2t_problem(data, h: gguf_file.Header) -> str | None:
     n_vocab = tokens.length if isinstance(tokens, gguf_file.Array) else 0
     if t.ggml_type != 27 or len(t.shape) != 1:  # GGML_TYPE_I64
         return "its d2t map is not a vector of 64-bit ids"
+    head = next((x for x in h.tensors if x.name == "output.weight"), None)
+    rows = head.shape[1] if head is not None and len(head.shape) == 2 else n_vocab  # (else the target's head)
+    if t.shape[0] != rows:  # llama.cpp asserts they agree, in the graph
+        return f"its d2t map has {t.shape[0]:,} ids for an output head of {rows:,} rows"
     ids = np.frombuffer(data, np.int64, count=t.shape[0], offset=h.data_offset + t.offset)
     if ids.size and not (0 <= int(ids.min()) and int(ids.max()) < n_vocab):
         return f"its d2t map names token ids outside its vocabulary of {n_vocab:,}"
     return None
 
 
-def describe(meta: dict, names: set[str], bad_d2t: str | None = None) -> dict | None:
-    """DraftFile's fields but its path, from a header's metadata and tensor names (None: not one of KINDS) and what
-    d2t_problem found."""
+def describe(meta: dict, names: set[str], bad_d2t: str | None = None, embd_rows: int | None = None) -> dict | None:
+    """DraftFile's fields but its path, from a header's metadata and tensor names (None: not one of KINDS), what
+    d2t_problem found and the rows of its own token_embd (None: none)."""
     arch = meta.get("general.architecture")
     if arch not in KINDS:
         return None
@@ -172,6 +184,7 @@ def describe(meta: dict, names: set[str], bad_d2t: str | None = None) -> dict | 
         own_head="output.weight" in names and "token_embd.weight" in names,
         n_vocab=tokens.length if isinstance(tokens := meta.get("tokenizer.ggml.tokens"), gguf_file.Array) else 0,
         bad_d2t=bad_d2t,
+        embd_rows=embd_rows,
     )
 
 
@@ -206,6 +219,8 @@ def problem(d: DraftFile, target: str, arch: str, n_embd: int, n_layer: int) -> 
         return f"{what}'s mask token {d.mask} is not in its vocabulary of {d.n_vocab:,}"
     if d.bad_d2t:
         return f"{what}: {d.bad_d2t}"
+    if d.embd_rows is not None and d.embd_rows < d.n_vocab:  # a token past them: get_rows asserts
+        return f"{what} embeds {d.embd_rows:,} tokens of its vocabulary of {d.n_vocab:,}"
     if d.block is not None and d.block < 2:
         return f"{what} has a block of {d.block} (dflash.block_size): no token to draft"
     return None

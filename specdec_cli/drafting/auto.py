@@ -119,6 +119,14 @@ class Promise:
         return min(self.realised / self.predicted, 1.0)
 
 
+def can_pay(costs: Costs, block: bool, k: int = 16) -> bool:
+    """Whether drafting with a model source could beat plain decoding on this curve at auto's most optimistic
+    acceptance (its prior's upper bound, where every source starts). Where not even that pays, a source that costs to
+    keep in step whether it drafts or not (one fed every row of the target's, prompt included) is left out."""
+    n, _, _ = best_length([Rate().upper] * k, costs, costs.drafting(k, 0.0, block))
+    return n > 0
+
+
 class AutoDrafter(Drafter):
     """Chooses, every round, between plain decoding and the drafters it was given. Its state is what it
     has learned (acceptance, costs); what a round considered travels in the Draft (`offers`, `decodes`)."""
@@ -158,9 +166,8 @@ class AutoDrafter(Drafter):
     def prompt_rows(self) -> int:
         return self.draft_model.prompt_rows if self.draft_model is not None else 0
 
-    def begin(self, tokens: list[int]) -> None:
-        if self.draft_model is not None:
-            self.draft_model.begin(tokens)
+    def begin(self, tokens: list[int]) -> int | None:
+        return self.draft_model.begin(tokens) if self.draft_model is not None else None
 
     def prefill(self, tokens: list[int]) -> None:
         self._prompt = len(tokens) + 1
@@ -225,7 +232,9 @@ class AutoDrafter(Drafter):
         decode that feeds what its window (of `size`) lacks, beyond the one-token decode of any draft."""
         model, costs = self.draft_model, self.costs
         load = 0.0 if model.opened or model.loaded() else costs.draft_load or 0.0
-        return load + costs.catch_up(model.lag(committed, k, size))
+        gap = model.lag(committed, k, size)
+        feed = model.feed_seconds(costs, gap) if isinstance(model, HiddenDrafter) else costs.catch_up(gap)
+        return load + feed
 
     def _lookup_tree(self, offers: list[Candidate], k: int) -> tuple[float, Draft | None]:
         """(rate, draft): every candidate a node of one tree, as wide as this machine's cost curve says pays

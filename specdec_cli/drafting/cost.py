@@ -52,6 +52,8 @@ class Costs:
     ):
         self.measured = dict(sorted(verify.items()))  # t(n) as timed (after a draft decode): the bench reports it
         self.draft = draft
+        self.draft_source: str | None = None  # whose figures draft, draft_catch_up, draft_prefill are (use_draft)
+        self._drafts: dict[str, tuple] = {}  # other sources' figures, while another's are in use
         self.draft_catch_up = draft_catch_up
         self.draft_prefill = draft_prefill
         self.draft_load = draft_load
@@ -137,6 +139,21 @@ class Costs:
         plus the measured catch-up after a fully accepted round (probability a^k); none where not measured."""
         extra = self.catch_up(2) if self.draft_catch_up is not None else 0.0
         return k * (self.draft or 0.0) + a**k * extra
+
+    def use_draft(self, source: str, timing) -> None:
+        """The draft's figures of `source` (a drafter's name) from now on: each source its own (a session may draft
+        with the target's heads in one run and a draft in another: a bench sweep). The first source takes what the
+        curve has (a draft model's, measured with it), where it has any; another's are timed by `timing()` ->
+        (seconds a decode, a catch-up decode of 2, a token of a long feed) the first time, and kept."""
+        if self.draft_source == source:
+            return
+        if self.draft_source is not None:
+            self._drafts[self.draft_source] = (self.draft, self.draft_catch_up, self.draft_prefill)
+            figures = self._drafts.get(source) or timing()
+        else:
+            figures = timing() if self.draft is None else (self.draft, self.draft_catch_up, self.draft_prefill)
+        self.draft, self.draft_catch_up, self.draft_prefill = figures
+        self.draft_source = source
 
     def observe_verify(self, n: int, seconds: float) -> None:
         old = self.table[n - 1]

@@ -15,9 +15,8 @@ import time
 
 import numpy as np
 
+from ..option_limits import MAX_DRAFT_TOKENS
 from .hidden import FeatureCache, HiddenDrafter
-
-TIMING_PASSES = 5
 
 
 class DFlashCache(FeatureCache):
@@ -33,13 +32,15 @@ class DFlashDrafter(HiddenDrafter):
         """width: the block's mask rows (-k; None: the trained block's, less the anchor)."""
         super().__init__(cache, **kw)
         block = cache.ctx.file.max_draft
-        self.width = min(width or block, block)
+        self.width = min(width or block, block, MAX_DRAFT_TOKENS)  # (a verify batch's rows are bounded: options)
 
     def _draft(self, committed, k, sampler, rng, policy):
         cache, ctx = self.cache, self.cache.ctx
         n = len(committed)
         lag = cache.lag(committed)
         cache.feed(n - 1)
+        if cache.end != n - 1:  # rows the target reused and the draft never saw: its cells go on from here
+            cache.restart(n - 1)  # (a block must continue them: llama.cpp refuses a batch past a gap)
         w = min(self.width, ctx.n_ctx - n)  # a block past the context's end has no cells: narrower there
         if w < 1:
             return self._drafted([], [], [], [], k, 0, lag, None)
@@ -93,18 +94,7 @@ class DFlashDrafter(HiddenDrafter):
                 break
         return tokens, confidence
 
-    def time_one(self) -> float:
-        ctx, cache = self.cache.ctx, self.cache
-        best = float("inf")
+    def _decode_once(self) -> None:
+        ctx = self.cache.ctx
         block = [0] + [ctx.file.mask] * self.width
-        try:
-            ctx.forget(-1)
-            for _ in range(TIMING_PASSES):
-                t0 = time.perf_counter()
-                ctx.decode(block, np.arange(len(block)), None, "none" if ctx.dflash2 else "all")
-                best = min(best, time.perf_counter() - t0)
-                ctx.forget(-1)
-        finally:
-            cache.restart(0)
-            cache.text = []
-        return best
+        ctx.decode(block, np.arange(len(block)), None, "none" if ctx.dflash2 else "all")

@@ -16,8 +16,6 @@ import numpy as np
 
 from .hidden import FeatureCache, HiddenDrafter
 
-TIMING_PASSES = 5
-
 
 class Eagle3Cache(FeatureCache):
     SHIFT = 1  # the cell at p holds (x[p+1], g[p])
@@ -80,18 +78,5 @@ class Eagle3Drafter(HiddenDrafter):
         seconds = alone / (decodes - 1) if decodes > 1 else None
         return self._drafted(tokens, q, confidence, entropies, k, decodes, lag, seconds)
 
-    def time_one(self) -> float:
-        ctx, cache = self.cache.ctx, self.cache
-        best = float("inf")
-        zero = np.zeros((1, ctx.n_embd), np.float32)
-        try:
-            ctx.forget(-1)
-            for _ in range(TIMING_PASSES):
-                t0 = time.perf_counter()
-                ctx.decode([0], [0], zero, "last")
-                best = min(best, time.perf_counter() - t0)
-                ctx.forget(-1)
-        finally:
-            cache.restart(0)
-            cache.text = []
-        return best
+    def _decode_once(self) -> None:
+        self.cache.ctx.decode([0], [0], np.zeros((1, self.cache.ctx.n_embd), np.float32), "last")

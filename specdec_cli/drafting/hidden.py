@@ -11,6 +11,8 @@ target's cache does: a new prompt keeps the cells of the text it shares with the
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..backend.hidden import DraftContext, LayerTap
@@ -20,6 +22,8 @@ from ..engine.kv import KVInvariantError
 from ..engine.sampling import NonFiniteLogits, Sampler, draw, softmax_summary
 from .tree import FIXED, DraftPolicy
 
+FEED_BATCH = 32  # rows of the long feed time_one times (as measure.py's PREFILL_BATCH for a draft model)
+TIMING_PASSES = 5  # time_one: the fastest of these (the OS slows a decode, never speeds one up)
 FLUSH = 256  # committed rows kept unfed at most: features are wide (3 x 4,096 floats a row for an 8B EAGLE-3)
 RECENT = 64  # fed rows kept: a next prompt that parts from the text near its end refeeds the last shared ones
 
@@ -42,6 +46,16 @@ def pick(row: np.ndarray, state: State | None, sampler: Sampler, rng, p_min: flo
         return None
     d = draw(dist, rng)
     return d, dist, float(dist[d]), nats
+
+
+def _fastest(run, ctx: DraftContext) -> float:
+    best = float("inf")
+    for _ in range(TIMING_PASSES):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+        ctx.forget(-1)
+    return best
 
 
 class FeatureCache:
@@ -75,9 +89,10 @@ class FeatureCache:
         else:
             self._raw.append((tokens, pos, seqs, rows))
 
-    def begin(self, tokens: list[int]) -> None:
+    def begin(self, tokens: list[int]) -> int:
         """A run's prompt but its last token, before the target decodes what it lacks of it: the cells of the text
-        it shares with the last run's stay."""
+        it shares with the last run's stay. Returns the first position whose row it lacks (the target's rows from
+        there on feed it: where the target holds more of the text, it may decode those again)."""
         shared = next(
             (i for i, (a, b) in enumerate(zip(self.text, tokens)) if a != b), min(len(self.text), len(tokens))
         )
@@ -91,9 +106,14 @@ class FeatureCache:
         # dropped (EAGLE-3's last pair, whose next token changed) are fed again from the recent ones.
         rows = {**self._recent, **self.rows}
         self.rows = {p: row for p, row in rows.items() if self.end <= p < shared}
+        self._recent = {p: row for p, row in self._recent.items() if p < min(shared, self.end)}
         self.text = list(tokens)
         self._raw.clear()
         self._prompt = True
+        need = self.end
+        while need in self.rows:
+            need += 1
+        return need
 
     def prefill(self) -> None:
         """The prompt is decoded: feed what of it can be fed."""
@@ -123,9 +143,8 @@ class FeatureCache:
         self._recent.clear()
 
     def sync(self, committed: list[int]) -> None:
-        """The committed text (a round's): the tokens the cells are fed with."""
-        if len(committed) > len(self.text):
-            self.text = list(committed)
+        """The committed text (a round's): the tokens the cells are fed with (it only grows within a run)."""
+        self.text.extend(committed[len(self.text) :])
 
     def feed(self, limit: int, outputs: str = "none") -> int:
         """Feed the committed rows from `end` on, up to position `limit` (exclusive) and as far as they run without a
@@ -206,8 +225,8 @@ class HiddenDrafter(Drafter):
         notice, self._notice = self._notice, None
         return notice
 
-    def begin(self, tokens: list[int]) -> None:
-        self.cache.begin(tokens)
+    def begin(self, tokens: list[int]) -> int:
+        return self.cache.begin(tokens)
 
     def prefill(self, tokens: list[int]) -> None:
         self.cache.prefill()
@@ -216,6 +235,13 @@ class HiddenDrafter(Drafter):
 
     def lag(self, committed: list[int], k: int = 1, size=None) -> int:
         return self.cache.lag(committed)
+
+    def feed_seconds(self, costs, gap: int) -> float:
+        """What feeding `gap` committed rows costs beyond the draft decode (auto's catch-up): its own figures (a
+        row's feed is not a decode of its: time_one), the draft model's rule where it has none."""
+        if gap <= 1 or costs.draft_catch_up is None or costs.draft_prefill is None or costs.draft is None:
+            return costs.catch_up(gap)
+        return costs.draft_catch_up - costs.draft + (gap - 2) * costs.draft_prefill
 
     def propose(self, committed, k, sampler, rng, policy: DraftPolicy = FIXED) -> Draft:
         if self.failed or k <= 0:
@@ -263,7 +289,23 @@ class HiddenDrafter(Drafter):
     def check(self, committed: list[int]) -> None:
         self.cache.check(committed)
 
-    def time_one(self) -> float:
-        """Seconds a draft decode takes (auto's cost of a drafted token, or of DFlash's block, until it observes its
-        own): the fastest of a few, on an empty cache (the cells start afresh after)."""
+    def time_one(self) -> tuple[float, float, float]:
+        """Auto's figures of it until it observes its own (Costs.use_draft): seconds a draft decode takes (an EAGLE-3
+        step; DFlash: its block), a decode that also feeds one committed row (a round's catch-up after one token), and a
+        row of a long feed (FEED_BATCH of them); the fastest of a few, on an empty cache (the cells start afresh)."""
+        ctx, cache = self.cache.ctx, self.cache
+        rows = np.zeros((FEED_BATCH, len(cache.tap.layers) * cache.tap.n_embd), np.float32)
+        cache.restart(0)
+        cache.text = [0] * (FEED_BATCH + 1)
+        try:
+            draft = _fastest(lambda: self._decode_once(), ctx)
+            one = _fastest(lambda: cache._feed(0, rows[:1], "none"), ctx)
+            many = _fastest(lambda: cache._feed(0, rows, "none"), ctx)
+        finally:
+            cache.restart(0)
+            cache.text = []
+        return draft, draft + one, many / FEED_BATCH
+
+    def _decode_once(self) -> None:
+        """One draft decode as a round makes it, on an empty cache."""
         raise NotImplementedError

@@ -155,8 +155,9 @@ class MtpDrafter(Drafter):
     def loaded(self) -> bool:
         return True
 
-    def time_one(self) -> float:
-        return self.cache.time_one()
+    def time_one(self) -> tuple[float, None, None]:
+        """(seconds a head's decode takes, no catch-up or feed figure: they are the target curve's scaled)."""
+        return self.cache.time_one(), None, None
 
     def take_notice(self) -> str | None:
         notice, self._notice = self._notice, None

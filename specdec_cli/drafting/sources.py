@@ -8,7 +8,7 @@ from typing import Any, Callable, Protocol
 
 from ..engine.kv import Sequence
 from ..errors import SpecdecError
-from .auto import AutoDrafter
+from .auto import AutoDrafter, can_pay
 from .corpus import Corpus
 from .cost import Costs
 from .forced import Forced
@@ -109,8 +109,11 @@ class Sources:
         costs = self.costs()
         forced = Forced(self.grammar(), self.tokenize, self.piece) if self.grammar is not None else None
         source = self.model_source(heads) if model else None
-        if isinstance(source, (MtpDrafter, HiddenDrafter)) and costs.draft is None:  # measured once (milliseconds)
-            costs.draft = source.time_one()
+        if isinstance(source, (MtpDrafter, HiddenDrafter)):  # its own figures, timed once (milliseconds)
+            costs.use_draft(source.name, source.time_one)
+        if isinstance(source, HiddenDrafter) and not can_pay(costs, source.per_round):
+            source.cache.detach()  # (it would read every row of the target's, the prompt's too, for nothing)
+            source = None
         return AutoDrafter(
             costs,
             self.lookup() if lookup else None,

@@ -65,8 +65,9 @@ class Drafter:
     # drafted the round; else the winner is one of its own branches, where it drafted a tree.
     follows_target = False
 
-    def begin(self, tokens: list[int]) -> None:
-        """The prompt but its last token, before the target decodes it (a drafter fed the target's rows of it)."""
+    def begin(self, tokens: list[int]) -> int | None:
+        """The prompt but its last token, before the target decodes it (a drafter fed the target's rows of it); the
+        position from which it needs the target's rows where a reused prefix would leave some out (None: none)."""
 
     def prefill(self, tokens: list[int]) -> None:
         """The prompt but its last token, once, before the first round (a cache may hold a prefix of it)."""

@@ -46,6 +46,7 @@ class Settings:
     logprobs: int | None = None
 
 
+REDO = 64  # prompt tokens the target decodes again (reused from an earlier run) for a drafter that needs their rows
 SURE = 0.9  # Outcome.sure: the target's probability of its own token was at least this
 SURE_GAP = float(np.log(SURE / (1 - SURE)))  # another logit this close holds more than 1 - SURE of the mass
 
@@ -61,7 +62,11 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
     # Greedy draws nothing: no generator (numpy.random's first import alone is ~20 ms of the first token's time).
     rng = None if sampler.greedy else np.random.default_rng(settings.seed)
 
-    t0, cached = time.perf_counter(), len(main)  # `main` may hold a prefix of the prompt already
+    t0 = time.perf_counter()
+    need = drafter.begin(prompt[:-1])  # where it needs the target's rows from (those of a reused prefix are not made)
+    if need is not None and 0 < len(main) - need <= REDO and need >= main.floor:  # (a recurrent state: not cleared)
+        main.rollback(need)
+    cached = len(main)  # `main` may hold a prefix of the prompt already
     _prefill(main, drafter, prompt, cached, settings.prompt_kernels)
     yield Prefilled(prompt_tokens=len(prompt), seconds=time.perf_counter() - t0, cached=cached)
 
@@ -134,7 +139,6 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
 def _prefill(main: Sequence, drafter: Drafter, prompt: list[int], cached: int, fast: bool) -> None:
     """The prompt but its last token, to the target past its `cached` tokens (through the fast kernels where
     `fast`: every run of a prompt decodes it alike) and to the drafter; the target's rows the drafter reads."""
-    drafter.begin(prompt[:-1])
     with main.ctx.prompt_kernels() if fast else nullcontext():
         todo = prompt[cached:-1]
         main.append(todo, outputs=max(len(todo) - drafter.prompt_rows, 0) if drafter.prompt_rows else "last")

@@ -23,7 +23,9 @@ from ..backend import hidden
 from ..backend.gguf_file import Array, Malformed, read_header
 from ..outputs import home
 
-VERSION = 3  # 2: width, layers, the head's bytes and a hidden-state draft's description; 3: its vocabulary, d2t
+VERSION = (
+    4  # 2: width, layers, the head's bytes and a hidden-state draft's description; 3: its vocabulary, d2t; 4: embd
+)
 MAX_SIZE_DIFFERENCE = 128  # llama.cpp pairs vocabularies up to this many tokens apart (backend/vocab.py)
 FIRST_CHECKED_ID = 5  # and compares their texts from this id on
 MAX_INDEX = 64 << 20  # bytes: a cache file larger than this is not ours
@@ -130,7 +132,7 @@ def _facts(buf) -> Facts:
         width=_int(meta, f"{arch}.embedding_length", 0),
         layers=_int(meta, f"{arch}.block_count", 0),
         head_bytes=head.nbytes if head is not None else 0,
-        draft=hidden.describe(meta, set(tensors), hidden.d2t_problem(buf, h)),
+        draft=hidden.describe(meta, set(tensors), hidden.d2t_problem(buf, h), hidden.embd_rows(h)),
     )
 
 
