@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE))
 
 import llama_reference  # noqa: E402
 import native_models as nm  # noqa: E402
+import numpy as np  # noqa: E402
 
 from specdec_cli.drafting.cost import Costs, best_length  # noqa: E402
 from specdec_cli.engine.events import Prefilled, Round, Stopped  # noqa: E402
@@ -100,6 +101,36 @@ def report(name: str, runs: dict[str, list[dict]]) -> None:
     print(f"  specdec / llama.cpp generation rate: {med('specdec', 'tok_s') / med('llama.cpp', 'tok_s'):.2f}x")
 
 
+WORDS = "the keeper climbed stairs lamp light storm ship harbor night wave rock bottle message sea wind".split()
+
+
+def overhead(target: Path, draft: Path, runs: int, n: int) -> None:
+    """auto with the draft against the target alone (--drafter none) and against auto without it, fresh sessions
+    interleaved, a 700-token prompt of words in no order (lookup finds nothing to copy): time to first token and
+    wall time, medians of each run's ratio. auto keeps a draft of the target's hidden states only where its cost
+    model says it can pay, and feeds it only from the round it first drafts with it."""
+    rng = np.random.default_rng(0)
+    text = " ".join(rng.choice(WORDS, 600))
+    runs_of: dict[str, list[tuple[float, float]]] = {"none": [], "auto": [], "auto+draft": []}
+    for _ in range(runs):
+        for name in runs_of:
+            drafter, with_draft = ("none", False) if name == "none" else ("auto", name == "auto+draft")
+            cfg = RunConfig(target=target, draft=draft if with_draft else None, drafter=drafter, max_tokens=n,
+                            threads=2, ctx_size=4096).override(chat=False, lookup_cache=False)  # fmt: skip
+            with open_session(cfg) as s:
+                t0, first = time.perf_counter(), None
+                for e in s.generate(s.prompt_tokens(text)):
+                    if isinstance(e, Round) and first is None:
+                        first = time.perf_counter() - t0
+                runs_of[name].append((first, time.perf_counter() - t0))
+    med = statistics.median
+    print(f"\nauto with {draft.name} ({runs} runs, a ~700-token prompt, {n} tokens), medians of each run's ratio:")
+    for base in ("none", "auto"):
+        ttft = med(a[0] / b[0] for a, b in zip(runs_of["auto+draft"], runs_of[base]))
+        wall = med(a[1] / b[1] for a, b in zip(runs_of["auto+draft"], runs_of[base]))
+        print(f"  against {base:5}: time to first token {ttft:.3f}x, wall {wall:.3f}x")
+
+
 def predictions() -> None:
     """The cost model on a GPU-like curve: auto's draft length and expected speed-up."""
     t1 = 0.0024  # an H100's one-token decode of a 1.5B model (docs/gpu.md)
@@ -135,6 +166,7 @@ def main() -> int:
         pairs = [
             (f"counter <- {kind} (tiny)", files["counter"], files[kind], kind, PROMPT) for kind in ("eagle3", "dflash")
         ]
+        smol_drafts: list[Path] = []
         if a.smollm2:
             from specdec_cli.models import store
             from specdec_cli.models.catalog import SMOLLM2
@@ -143,12 +175,16 @@ def main() -> int:
             for kind in ("eagle3", "dflash"):
                 draft = nm.write_like(smol, Path(tmp) / f"smol-{kind}.gguf", kind)
                 pairs.append((f"SmolLM2-135M <- random {kind} of its proportions", smol, draft, kind, SMOL_PROMPT))
+                smol_drafts.append(draft)
         for name, target, draft, kind, prompt in pairs:
             runs = {"llama.cpp": [], "specdec": []}
             for _ in range(a.runs):
                 runs["llama.cpp"].append(theirs(target, draft, kind, a.k, a.n, prompt))
                 runs["specdec"].append(ours(target, draft, kind, a.k, a.n, prompt))
             report(name, runs)
+        if a.smollm2:
+            for draft in smol_drafts:
+                overhead(smol, draft, a.runs, 64)
     predictions()
     return 0
 

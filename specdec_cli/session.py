@@ -280,6 +280,8 @@ class Session:
             draft_loaded=lambda: self.draft_ctx is not None,
             heads=heads,
             hidden=hidden,
+            hidden_kind=drafting.native_kind(self.draft_of.native) if hidden else None,
+            keep=self.curve.keep,
             slides=self.draft_slides,
             tokenize=tokenize,
             instruction=inputs.instruction,

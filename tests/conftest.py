@@ -14,6 +14,7 @@ from tiny_models import write_fixture_set  # noqa: E402
 
 from specdec_cli.drafting import cost as costmodel  # noqa: E402
 from specdec_cli.drafting import measure as measurement  # noqa: E402
+from specdec_cli.engine import shapes  # noqa: E402
 from specdec_cli.models import store  # noqa: E402
 from specdec_cli.run_inputs import Inputs  # noqa: E402
 from specdec_cli.models.catalog import GEMMA3, QWEN_DRAFT, QWEN_TARGET, SMOLLM2, KnownModel  # noqa: E402
@@ -141,6 +142,16 @@ def same_distribution(a_counts: dict, b_counts: dict) -> tuple[bool, float, int]
     df = len(cells) - 1
     critical = df * (1 - 2 / (9 * df) + 3.719 * np.sqrt(2 / (9 * df))) ** 3 if df else 0.0
     return stat < critical, stat, len(cells)
+
+
+def accept_every_draft(monkeypatch) -> None:
+    """A sampling test's negative control: every draft token accepted and the bonus drawn from p, so that the output
+    follows the draft's distribution, which the chi-square then tells apart from the target's."""
+
+    def accept_all(p, q, tokens, rng):
+        return len(tokens), int(rng.choice(len(p[-1]), p=p[-1]))
+
+    monkeypatch.setattr(shapes, "speculative_accept", accept_all)
 
 
 def config(models, draft: str | None = "draft", **kw) -> RunConfig:

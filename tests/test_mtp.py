@@ -13,14 +13,13 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import config, run_engine, same_distribution, sample_counts
+from conftest import accept_every_draft, config, run_engine, same_distribution, sample_counts
 
 from specdec_cli import drafting
 from specdec_cli.run_inputs import Inputs
 from specdec_cli.backend import mtp as backend
 from specdec_cli.cli import main
 from specdec_cli.drafting.mtp import MAX_LAG, PROMPT_ROWS, HeadCache, MtpDrafter
-from specdec_cli.engine import shapes as tree_module
 from specdec_cli.engine.events import Round
 from specdec_cli.engine.stats import collect
 from specdec_cli.errors import SpecdecError
@@ -148,10 +147,7 @@ def test_sampling_with_the_heads_is_distributed_as_target_only_sampling(open_pai
     assert ok, (stat, cells)
     assert cells > 3 and 0.0 < stats.accept_rate < 1.0
 
-    def accept_all(p, q, tokens, rng):
-        return len(tokens), int(rng.choice(len(p[-1]), p=p[-1]))
-
-    monkeypatch.setattr(tree_module, "speculative_accept", accept_all)
+    accept_every_draft(monkeypatch)
     wrong = heads(open_pair, models, "mtp_one", p_min=0.0, **kw)
     assert not same_distribution(sample_counts(wrong, "hello world", 1500, draft_tokens=2)[0], plain_counts)[0]
 

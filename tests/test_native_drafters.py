@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FrozenCosts, run_engine, same_distribution, sample_counts
+from conftest import FrozenCosts, accept_every_draft, run_engine, same_distribution, sample_counts
 
 import native_models as nm
 from specdec_cli.backend import hidden
@@ -23,8 +23,7 @@ from specdec_cli.drafting import measure as measurement
 from specdec_cli.drafting.auto import AutoDrafter
 from specdec_cli.drafting.dflash import DFlashDrafter
 from specdec_cli.drafting.eagle3 import Eagle3Drafter
-from specdec_cli.drafting.hidden import FLUSH, HiddenDrafter
-from specdec_cli.engine import shapes as tree_module
+from specdec_cli.drafting.hidden import FLUSH, WINDOW, HiddenDrafter
 from specdec_cli.engine.events import Prefilled, Round
 from specdec_cli.engine.stats import collect
 from specdec_cli.errors import UsageError
@@ -166,10 +165,7 @@ def test_sampling_is_distributed_as_target_only_sampling(native, draft, monkeypa
     assert ok, (stat, cells)
     assert cells > 3 and 0.0 < stats.accept_rate < 1.0
 
-    def accept_all(p, q, tokens, rng):
-        return len(tokens), int(rng.choice(len(p[-1]), p=p[-1]))
-
-    monkeypatch.setattr(tree_module, "speculative_accept", accept_all)
+    accept_every_draft(monkeypatch)
     with open_session(cfg(native, draft, **kw)) as wrong:
         assert not same_distribution(sample_counts(wrong, "abcdef", 1500)[0], plain_counts)[0]
 
@@ -307,19 +303,27 @@ def test_the_cells_follow_the_text_across_runs(native, monkeypatch):
         assert r.tokens == expected[0]
 
 
-def test_plain_rounds_feed_the_draft_in_batches(native, monkeypatch):
-    """Where auto decodes plainly with the draft attached (on a curve where it could pay, its rounds do not), the
-    committed rows are fed FLUSH at a time, not held: the cells follow the text."""
+def test_auto_feeds_the_draft_from_its_first_draft_on(native, monkeypatch):
+    """Under auto (a curve where it could pay) the draft is fed nothing until auto first drafts with it: the rows
+    wait, the last WINDOW of them, so that a run it never drafts in costs nothing but reading them; its first draft
+    feeds them (and --debug's checks hold from there). --drafter dflash feeds from the prompt on, FLUSH at a time."""
     gpu = FrozenCosts({1: 0.01, 16: 0.011, 32: 0.012}, 0.0005, 32)
     monkeypatch.setattr(measurement, "measure", lambda *a, **kw: gpu)
+    pays = AutoDrafter._model_pays
     monkeypatch.setattr(AutoDrafter, "_model_pays", lambda *a, **kw: None)  # it never drafts with the model
-    with open_session(
-        cfg(native, "dflash", drafter="auto", draft_tokens=None, ctx_size=2048, max_tokens=3 * FLUSH)
-    ) as s:
+    long = dict(ctx_size=4096, max_tokens=3 * FLUSH, remeasure=True)
+    with open_session(cfg(native, "dflash", drafter="auto", draft_tokens=None, **long)) as s:
         r = collect(s.generate(s.prompt_tokens("abcdefghijkl")))
-        assert "dflash" not in r.stats.by_drafter  # it never paid ...
-        assert s.hidden().end >= 2 * FLUSH  # ... and was fed all along
-        assert len(s.hidden().rows) <= FLUSH
+        assert "dflash" not in r.stats.by_drafter and s.hidden().end == 0  # never drafted, never fed
+        assert len(s.hidden().rows) <= WINDOW
+        monkeypatch.setattr(AutoDrafter, "_model_pays", pays)
+        prompt = "abcdefghijkl" * 100  # longer than the window: its last WINDOW rows are fed at the first draft
+        r = collect(s.generate(s.prompt_tokens(prompt), max_tokens=64))
+        assert r.stats.by_drafter["dflash"].drafted > 0
+        assert s.hidden().start > 0 and s.hidden().end >= len(s.prompt_tokens(prompt)) - 1
+    with open_session(cfg(native, "dflash", drafter="dflash", draft_tokens=4, **long)) as s:
+        collect(s.generate(s.prompt_tokens("abcdefghijkl" * 100), max_tokens=4))
+        assert s.hidden().start == 0  # the whole prompt, fed as it came
 
 
 @pytest.mark.parametrize("draft", ["eagle3", "dflash"])

@@ -189,40 +189,40 @@ def describe(meta: dict, names: set[str], bad_d2t: str | None = None, embd_rows:
 
 
 def problem(d: DraftFile, target: str, arch: str, n_embd: int, n_layer: int) -> str | None:
-    """Why draft `d` cannot draft for `target` (its architecture, width and layers), in words; None: it can. Every
-    case here would abort inside llama.cpp, or draft from the wrong numbers in silence."""
-    what = f"{d.label} draft {d.path.name}"
+    """Why draft `d` cannot draft for `target` (its architecture, width and layers), in words ("it ...": the caller
+    names the two); None: it can. Every case here would abort inside llama.cpp, or draft from the wrong numbers in
+    silence."""
     if d.variant == "dspark":
-        return f"{what} is a DSpark draft (a Markov head), which specdec does not run"
+        return "it is a DSpark draft (a Markov head), which specdec does not run"
     if arch not in FEEDS:
         return (
             f"{target} is a {arch} model, whose layer inputs llama.cpp does not hand out; {d.label} drafts read them "
             f"(llama.cpp has them for {', '.join(sorted(FEEDS))})"
         )
     if not d.layers:
-        return f"{what} names no target layers ({d.arch}.target_layers)"
+        return f"it names no target layers ({d.arch}.target_layers)"
     if d.arch == "eagle3" and len(d.layers) != 3:
-        return f"{what} reads {len(d.layers)} target layers; EAGLE-3 reads exactly 3"
+        return f"it reads {len(d.layers)} target layers; EAGLE-3 reads exactly 3"
     if d.arch == "eagle3" and d.n_layer != 1:
-        return f"{what} has {d.n_layer} decoder layers; EAGLE-3 has one"
+        return f"it has {d.n_layer} decoder layers; EAGLE-3 has one"
     if d.hidden != n_embd:
-        return f"{what} was made for a target of hidden size {d.hidden}; {target} has {n_embd}"
+        return f"it was made for a target of hidden size {d.hidden}; {target} has {n_embd}"
     if d.n_embd != n_embd and not d.own_head:
-        return f"{what} is {d.n_embd} wide and borrows the embeddings and head of {target}, which is {n_embd} wide"
+        return f"it is {d.n_embd} wide and borrows the embeddings and head of {target}, which is {n_embd} wide"
     last = n_layer if d.arch == "dflash" and arch in FEEDS_LAST else n_layer - 1
     bad = [i for i in d.layers if not 0 <= i <= last]
     if bad:
-        return f"{what} reads target layer {bad[0]}; {target} has layers 0 to {last} to read ({n_layer} layers)"
+        return f"it reads target layer {bad[0]}; {target} has layers 0 to {last} to read ({n_layer} layers)"
     if d.arch == "dflash" and d.mask is None:
-        return f"{what} has no mask token (tokenizer.ggml.mask_token_id), which its blocks are made of"
+        return "it has no mask token (tokenizer.ggml.mask_token_id), which its blocks are made of"
     if d.mask is not None and not d.mask < d.n_vocab:
-        return f"{what}'s mask token {d.mask} is not in its vocabulary of {d.n_vocab:,}"
+        return f"its mask token {d.mask} is not in its vocabulary of {d.n_vocab:,}"
     if d.bad_d2t:
-        return f"{what}: {d.bad_d2t}"
+        return d.bad_d2t
     if d.embd_rows is not None and d.embd_rows < d.n_vocab:  # a token past them: get_rows asserts
-        return f"{what} embeds {d.embd_rows:,} tokens of its vocabulary of {d.n_vocab:,}"
+        return f"it embeds {d.embd_rows:,} tokens of its vocabulary of {d.n_vocab:,}"
     if d.block is not None and d.block < 2:
-        return f"{what} has a block of {d.block} (dflash.block_size): no token to draft"
+        return f"it has a block of {d.block} (dflash.block_size): no token to draft"
     return None
 
 

@@ -156,6 +156,11 @@ def build(name: str, sources: Sources) -> Drafter:
     return DRAFTERS[name].build(sources)
 
 
+def _hidden(s: Sources) -> Drafter:
+    # -k auto: the cost model chooses each round's length, the draft as auto's model source
+    return s.hidden_drafter() if s.k is not None else s.auto(lookup=False)
+
+
 def _model(s: Sources) -> Drafter:
     # -k auto: the cost model chooses each round's length (and may decode plainly)
     return s.draft_model() if s.k is not None else s.auto(lookup=False)
@@ -191,7 +196,7 @@ declare(
 declare(
     Kind(
         name="eagle3",
-        build=lambda s: s.hidden_drafter() if s.k is not None else s.auto(lookup=False),
+        build=_hidden,
         model=NEEDS,
         native="eagle3",
         cost="hidden",
@@ -202,7 +207,7 @@ declare(
 declare(
     Kind(
         name="dflash",
-        build=lambda s: s.hidden_drafter() if s.k is not None else s.auto(lookup=False),
+        build=_hidden,
         model=NEEDS,
         native="dflash",
         k=15,  # its trained block less the anchor: 15 for the published drafts (a file's own block caps it)

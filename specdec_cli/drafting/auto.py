@@ -120,10 +120,12 @@ class Promise:
 
 
 def can_pay(costs: Costs, block: bool, k: int = 16) -> bool:
-    """Whether drafting with a model source could beat plain decoding on this curve at auto's most optimistic
-    acceptance (its prior's upper bound, where every source starts). Where not even that pays, a source that costs to
-    keep in step whether it drafts or not (one fed every row of the target's, prompt included) is left out."""
-    n, _, _ = best_length([Rate().upper] * k, costs, costs.drafting(k, 0.0, block))
+    """Whether drafting with a model source beats plain decoding on this curve at the acceptance auto expects of it
+    before it has seen any (MODEL_PRIOR, a same-family draft's). A source that costs to keep in step whether it drafts
+    or not (one fed every row of the target's, the prompt's included) is kept only where it does: exploring it
+    optimistically, as auto explores a draft model (whose prompt waits until it drafts), would cost every run its
+    prompt's feed for drafts that then rarely pay."""
+    n, _, _ = best_length([MODEL_PRIOR] * k, costs, costs.drafting(k, 0.0, block))
     return n > 0
 
 

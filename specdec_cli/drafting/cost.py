@@ -49,10 +49,11 @@ class Costs:
         draft_catch_up: float | None = None,
         draft_prefill: float | None = None,
         draft_load: float | None = None,
+        draft_source: str | None = None,
     ):
         self.measured = dict(sorted(verify.items()))  # t(n) as timed (after a draft decode): the bench reports it
         self.draft = draft
-        self.draft_source: str | None = None  # whose figures draft, draft_catch_up, draft_prefill are (use_draft)
+        self.draft_source = draft_source  # whose figures draft, draft_catch_up, draft_prefill are (use_draft)
         self._drafts: dict[str, tuple] = {}  # other sources' figures, while another's are in use
         self.draft_catch_up = draft_catch_up
         self.draft_prefill = draft_prefill
@@ -76,6 +77,7 @@ class Costs:
             self.draft_catch_up,
             self.draft_prefill,
             self.draft_load,
+            self.draft_source,
         )
 
     def kept(self) -> dict:
@@ -87,6 +89,7 @@ class Costs:
             draft_catch_up=self.draft_catch_up,
             draft_prefill=self.draft_prefill,
             draft_load=self.draft_load,
+            draft_source=self.draft_source,
         )
 
     def verify(self, n: int) -> float:
@@ -140,20 +143,23 @@ class Costs:
         extra = self.catch_up(2) if self.draft_catch_up is not None else 0.0
         return k * (self.draft or 0.0) + a**k * extra
 
-    def use_draft(self, source: str, timing) -> None:
+    def use_draft(self, source: str, timing) -> bool:
         """The draft's figures of `source` (a drafter's name) from now on: each source its own (a session may draft
         with the target's heads in one run and a draft in another: a bench sweep). The first source takes what the
         curve has (a draft model's, measured with it), where it has any; another's are timed by `timing()` ->
-        (seconds a decode, a catch-up decode of 2, a token of a long feed) the first time, and kept."""
+        (seconds a decode, a catch-up decode of 2, a token of a long feed) the first time, and kept. Returns whether it
+        timed them now."""
         if self.draft_source == source:
-            return
+            return False
         if self.draft_source is not None:
             self._drafts[self.draft_source] = (self.draft, self.draft_catch_up, self.draft_prefill)
-            figures = self._drafts.get(source) or timing()
+            figures = self._drafts.get(source)
         else:
-            figures = timing() if self.draft is None else (self.draft, self.draft_catch_up, self.draft_prefill)
-        self.draft, self.draft_catch_up, self.draft_prefill = figures
+            figures = None if self.draft is None else (self.draft, self.draft_catch_up, self.draft_prefill)
+        timed = figures is None
+        self.draft, self.draft_catch_up, self.draft_prefill = timing() if timed else figures
         self.draft_source = source
+        return timed
 
     def observe_verify(self, n: int, seconds: float) -> None:
         old = self.table[n - 1]

@@ -27,7 +27,7 @@ from ..backend import cpu
 from ..outputs import home
 from ..outputs import remove_quietly
 
-VERSION = 2  # 2: the draft's prefill and load times
+VERSION = 2  # 2: the draft's prefill and load times (draft_source since: whose they are, where not a draft model's)
 MAX_AGE = 24 * 3600.0  # seconds: a day (a machine's load, clocks and thermal state change slowly)
 MAX_FILE = 1 << 16  # bytes: a curve is about 1 KB
 MAX_BATCH = 1024  # the largest batch a kept curve may time (auto's is 32, the bench's 64)
@@ -149,10 +149,13 @@ def _costs(data: Any, name: str) -> tuple[dict[str, Any], float]:
     if not verify or not all(1 <= n <= MAX_BATCH for n in verify):
         raise ValueError(f"verify costs must be for batches of 1..{MAX_BATCH} tokens")
     optional = {k: None if data.get(k) is None else _seconds(data[k]) for k in OPTIONAL}
+    source = data.get("draft_source")
+    if source is not None and not (isinstance(source, str) and source.isidentifier() and len(source) <= 32):
+        raise ValueError("draft_source is not a drafter's name")
     saved_at = data["saved_at"]
     if not isinstance(saved_at, (int, float)) or isinstance(saved_at, bool) or not math.isfinite(saved_at):
         raise ValueError("saved_at is not a time")
-    return {"verify": verify, **optional}, float(saved_at)
+    return {"verify": verify, **optional, "draft_source": source}, float(saved_at)
 
 
 def _seconds(value: Any) -> float:

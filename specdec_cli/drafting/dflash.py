@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ..option_limits import MAX_DRAFT_TOKENS
-from .hidden import FeatureCache, HiddenDrafter
+from .hidden import FeatureCache, HiddenDrafter, Picks
 
 
 class DFlashCache(FeatureCache):
@@ -43,7 +43,7 @@ class DFlashDrafter(HiddenDrafter):
             cache.restart(n - 1)  # (a block must continue them: llama.cpp refuses a batch past a gap)
         w = min(self.width, ctx.n_ctx - n)  # a block past the context's end has no cells: narrower there
         if w < 1:
-            return self._drafted([], [], [], [], k, 0, lag, None)
+            return self._drafted(Picks(), k, 0, lag, None)
         t0 = time.perf_counter()
         mask = ctx.file.mask
         ctx.decode([committed[-1]] + [mask] * w, np.arange(n - 1, n + w), None, "none" if ctx.dflash2 else "all")
@@ -52,23 +52,18 @@ class DFlashDrafter(HiddenDrafter):
         k = min(k, w)
         if ctx.dflash2:  # a walk, not a distribution: a deterministic draft (lossless as lookup's are)
             tokens, confidence = self._walk(ctx.lattice(w + 1), k, committed[-1])
-            return self._drafted(tokens, [], confidence, [], k, 1, lag, seconds)
-        tokens, q, confidence, entropies = [], [], [], []
+            return self._drafted(Picks(tokens, [], confidence, []), k, 1, lag, seconds)
+        picks = Picks()
         for i in range(1, k + 1):
             got = self._row(ctx.logits(i), st, sampler, rng)
             if got is None:
                 break
-            d, dist, p, nats = got
-            tokens.append(d)
-            confidence.append(p)
-            entropies.append(nats)
-            if dist is not None:
-                q.append(dist)
-            if self.is_eog(d) or not policy.keep_going(confidence):
+            d = picks.add(got)
+            if self.is_eog(d) or not policy.keep_going(picks.confidence):
                 break
             if st is not None:
                 st = st.after(d)
-        return self._drafted(tokens, q, confidence, entropies, k, 1, lag, seconds)
+        return self._drafted(picks, k, 1, lag, seconds)
 
     def _walk(self, lattice: np.ndarray, k: int, anchor: int) -> tuple[list[int], list[float]]:
         """DFlash2's block: row i holds top_k candidate ids, then top_k x top_k transition scores (from each of the

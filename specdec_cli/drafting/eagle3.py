@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .hidden import FeatureCache, HiddenDrafter
+from .hidden import FeatureCache, HiddenDrafter, Picks
 
 
 class Eagle3Cache(FeatureCache):
@@ -45,28 +45,22 @@ class Eagle3Drafter(HiddenDrafter):
         n = len(committed)
         at = n - 2  # the last position the target has decoded: its g drafts the token after `last`
         if at < 0:
-            return self._drafted([], [], [], [], k, 0, 0, None)
+            return self._drafted(Picks(), k, 0, 0, None)
         lag = cache.lag(committed)
         # The pairs not fed yet and this one's, in one decode: its output drafts. Without its row (the target reused
         # its cells) there is nothing to draft from yet.
         if at not in cache.rows or not cache.feed(at + 1, "last") or cache.end != at + 1:
-            return self._drafted([], [], [], [], k, 0, lag, None)
+            return self._drafted(Picks(), k, 0, lag, None)
         st = self._state(committed)
-        tokens, q, confidence, entropies = [], [], [], []
-        decodes, alone = 1, 0.0
+        picks, decodes, alone = Picks(), 1, 0.0
         h = ctx.prenorm(-1)
         logits = ctx.logits(-1)
         for i in range(k):
             got = self._row(logits, st, sampler, rng)
             if got is None:
                 break
-            d, dist, p, nats = got
-            tokens.append(d)
-            confidence.append(p)
-            entropies.append(nats)
-            if dist is not None:
-                q.append(dist)
-            if i == k - 1 or self.is_eog(d) or not policy.keep_going(confidence):
+            d = picks.add(got)
+            if i == k - 1 or self.is_eog(d) or not policy.keep_going(picks.confidence):
                 break
             if st is not None:
                 st = st.after(d)
@@ -76,7 +70,7 @@ class Eagle3Drafter(HiddenDrafter):
             decodes += 1
             h, logits = ctx.prenorm(-1), ctx.logits(-1)
         seconds = alone / (decodes - 1) if decodes > 1 else None
-        return self._drafted(tokens, q, confidence, entropies, k, decodes, lag, seconds)
+        return self._drafted(picks, k, decodes, lag, seconds)
 
     def _decode_once(self) -> None:
         self.cache.ctx.decode([0], [0], np.zeros((1, self.cache.ctx.n_embd), np.float32), "last")

@@ -12,6 +12,7 @@ target's cache does: a new prompt keeps the cells of the text it shares with the
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,6 +27,7 @@ FEED_BATCH = 32  # rows of the long feed time_one times (as measure.py's PREFILL
 TIMING_PASSES = 5  # time_one: the fastest of these (the OS slows a decode, never speeds one up)
 FLUSH = 256  # committed rows kept unfed at most: features are wide (3 x 4,096 floats a row for an 8B EAGLE-3)
 RECENT = 64  # fed rows kept: a next prompt that parts from the text near its end refeeds the last shared ones
+WINDOW = 1024  # rows kept unfed, the last ones, until auto first drafts with it (then fed: its catch-up)
 
 
 def pick(row: np.ndarray, state: State | None, sampler: Sampler, rng, p_min: float):
@@ -46,6 +48,27 @@ def pick(row: np.ndarray, state: State | None, sampler: Sampler, rng, p_min: flo
         return None
     d = draw(dist, rng)
     return d, dist, float(dist[d]), nats
+
+
+@dataclass
+class Picks:
+    """A round's draft tokens so far, with what the acceptance rule (q, where sampled) and auto (each one's
+    probability, its row's entropy) read of them."""
+
+    tokens: list[int] = field(default_factory=list)
+    q: list[np.ndarray] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+
+    def add(self, got: tuple) -> int:
+        """`pick`'s (token, q row or None, probability, entropy); returns the token."""
+        d, dist, p, nats = got
+        self.tokens.append(d)
+        self.confidence.append(p)
+        self.entropies.append(nats)
+        if dist is not None:
+            self.q.append(dist)
+        return d
 
 
 def _fastest(run, ctx: DraftContext) -> float:
@@ -73,6 +96,9 @@ class FeatureCache:
         self._recent: dict[int, np.ndarray] = {}  # the last RECENT rows fed
         self._raw: list[tuple] = []  # the target's batches since the last settle: (tokens, pos, seqs, rows)
         self._prompt = False
+        # Lazy (auto's, until it first drafts with it): rows are not fed but kept, the last WINDOW of them, so that a
+        # run it never drafts in costs nothing but reading them; its first draft feeds them (a catch-up auto prices).
+        self.lazy = False
 
     # --- the target's side ---------------------------------------------------------------------------------
     def attach(self) -> None:
@@ -84,10 +110,17 @@ class FeatureCache:
     def _taken(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], rows: np.ndarray) -> None:
         if self._prompt:  # the prompt's: committed as they come, fed in batches (a long prompt's features are large)
             self.rows.update(zip(pos, rows))
-            if len(self.rows) >= FLUSH:
-                self.feed(len(self.text))
+            self._bound()
         else:
             self._raw.append((tokens, pos, seqs, rows))
+
+    def _bound(self) -> None:
+        """Rows waiting: fed, FLUSH at a time; lazy, the last WINDOW kept."""
+        if self.lazy and len(self.rows) > WINDOW:
+            last = max(self.rows)
+            self.rows = {p: row for p, row in self.rows.items() if p > last - WINDOW}
+        elif not self.lazy and len(self.rows) >= FLUSH:
+            self.feed(len(self.text))
 
     def begin(self, tokens: list[int]) -> int:
         """A run's prompt but its last token, before the target decodes what it lacks of it: the cells of the text
@@ -116,9 +149,12 @@ class FeatureCache:
         return need
 
     def prefill(self) -> None:
-        """The prompt is decoded: feed what of it can be fed."""
+        """The prompt is decoded: feed what of it can be fed (lazy: keep its last rows)."""
         self._prompt = False
-        self.feed(len(self.text))
+        if self.lazy:
+            self._bound()
+        else:
+            self.feed(len(self.text))
 
     def settle(self, n: int, winner: int = 0) -> None:
         """The target's rows since the last call: those below position n of the winning branch are committed (a
@@ -132,8 +168,7 @@ class FeatureCache:
                     if p >= self.end:
                         self.rows[p] = row
         self._raw.clear()
-        if len(self.rows) >= FLUSH:
-            self.feed(len(self.text))
+        self._bound()
 
     # --- the draft's side ----------------------------------------------------------------------------------
     def restart(self, start: int) -> None:
@@ -184,8 +219,10 @@ class FeatureCache:
         raise NotImplementedError
 
     def lag(self, committed: list[int]) -> int:
-        """Rows the next draft feeds before it drafts (EAGLE-3: with the one it drafts from)."""
-        return max(len(committed) - 1 - self.end, 0)
+        """Rows the next draft feeds before it drafts (EAGLE-3: with the one it drafts from): from `end`, or where
+        the rows waiting begin past a gap (kept lazily: the last WINDOW)."""
+        first = self.end if self.end in self.rows or not self.rows else min(self.rows)
+        return max(len(committed) - 1 - first, 0)
 
     def check(self, committed: list[int]) -> None:
         """Debug: the cells hold positions start..end-1, computed from the committed text."""
@@ -209,9 +246,16 @@ class HiddenDrafter(Drafter):
     per_round = False  # DFlash: one decode drafts the whole block (auto prices a round, not a token)
 
     def __init__(
-        self, cache: FeatureCache, p_min=0.0, vocab=None, grammar: State | None = None, is_eog=lambda t: False
+        self,
+        cache: FeatureCache,
+        p_min=0.0,
+        vocab=None,
+        grammar: State | None = None,
+        is_eog=lambda t: False,
+        lazy: bool = False,
     ):
-        self.cache, self.p_min, self.is_eog = cache, p_min, is_eog
+        """lazy: auto's model source, fed from its first draft on (FeatureCache.lazy)."""
+        self.cache, self.p_min, self.is_eog, self.lazy = cache, p_min, is_eog, lazy
         self.vocab = vocab or cache.ctx.n_vocab
         self.follow = Follow(grammar) if grammar is not None else None
         self.failed = False
@@ -225,8 +269,10 @@ class HiddenDrafter(Drafter):
         notice, self._notice = self._notice, None
         return notice
 
-    def begin(self, tokens: list[int]) -> int:
-        return self.cache.begin(tokens)
+    def begin(self, tokens: list[int]) -> int | None:
+        self.cache.lazy = self.lazy
+        need = self.cache.begin(tokens)
+        return None if self.lazy else need  # (lazily, a window of what the target decodes will do)
 
     def prefill(self, tokens: list[int]) -> None:
         self.cache.prefill()
@@ -247,6 +293,7 @@ class HiddenDrafter(Drafter):
         if self.failed or k <= 0:
             return Draft([], None, source=self.name, k=k, notice=self.take_notice())
         self.cache.sync(committed)
+        self.cache.lazy = self.lazy = False  # drafting now: the rows waiting are fed, and from now on as they come
         try:
             return self._draft(committed, k, sampler, rng, policy)
         except NonFiniteLogits as e:
@@ -259,17 +306,17 @@ class HiddenDrafter(Drafter):
         finally:
             self.cache.ctx.forget(len(committed) - 1)  # the round's own cells go: the committed text's stay
 
-    def _drafted(self, tokens, q, confidence, entropies, k, decodes, fed, seconds) -> Draft:
+    def _drafted(self, picks: Picks, k: int, decodes: int, fed: int, seconds: float | None) -> Draft:
         """The round's Draft: `decodes` draft decodes spent, `fed` rows fed first, `seconds` per decode of those
         that drafted alone (None: none did; auto learns a decode's cost from them)."""
         return Draft(
-            tokens,
-            np.stack(q) if q else None,
+            picks.tokens,
+            np.stack(picks.q) if picks.q else None,
             source=self.name,
             k=k,
-            confidence=tuple(confidence),
-            entropy=sum(entropies) / len(entropies) if entropies else None,
-            decodes=decodes if tokens else 0,
+            confidence=tuple(picks.confidence),
+            entropy=sum(picks.entropies) / len(picks.entropies) if picks.entropies else None,
+            decodes=decodes if picks.tokens else 0,
             fed=fed,
             decode_seconds=seconds,
         )

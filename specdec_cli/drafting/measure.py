@@ -51,6 +51,12 @@ class Curve:
         self._kept = Costs(n_max=n_max, **kept) if kept else None
         self.draft_load: float | None = None
 
+    def keep(self) -> None:
+        """Keep the curve again with the draft's figures auto has just timed (an EAGLE-3 or DFlash draft's, the MTP
+        heads'): a later process knows them without loading the draft, and leaves it unloaded where it cannot pay."""
+        if self.key is not None and self.costs is not None and self.source == "measured":  # (its age stays its own)
+            curves.save(self.key, self.costs.kept(), self.about)
+
     def adopt(self, measured: Costs) -> Costs:
         self.costs = measured.copy(self.n_max)  # auto refines its own copy, sized for its drafts
         self.source = "given"

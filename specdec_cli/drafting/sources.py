@@ -35,6 +35,8 @@ class Sources:
     draft_loaded: Callable[[], bool] = lambda: True  # whether taking it loads nothing (the draft model is loaded)
     heads: Callable[[], HeadCache] | None = None  # the target's MTP heads (opened on first use); None: it has none
     hidden: Callable[[], FeatureCache] | None = None  # an EAGLE-3 or DFlash draft's cache (opened on first use)
+    hidden_kind: str | None = None  # its drafter's name ("eagle3", "dflash")
+    keep: Callable[[], None] = lambda: None  # keeps the cost curve with a draft's figures auto has just timed
     is_eog: Callable[[int], bool] = lambda token: False
     p_min: float = 0.0
     branches: int = 1  # the draft model's tree: at most this many branches
@@ -73,13 +75,14 @@ class Sources:
         grammar = self.grammar() if self.grammar is not None else None
         return MtpDrafter(self.heads(), self.p_min, self.vocab, grammar, self.is_eog)
 
-    def hidden_drafter(self) -> HiddenDrafter | None:
-        """The EAGLE-3 or DFlash drafter (None: no such draft); a DFlash block is -k wide (its trained block at most)."""
+    def hidden_drafter(self, lazy: bool = False) -> HiddenDrafter | None:
+        """The EAGLE-3 or DFlash drafter (None: no such draft); a DFlash block is -k wide (its trained block at most);
+        lazy: fed from its first draft on (auto's)."""
         if self.hidden is None:
             return None
         cache = self.hidden()
         grammar = self.grammar() if self.grammar is not None else None
-        kw = dict(p_min=self.p_min, vocab=self.vocab, grammar=grammar, is_eog=self.is_eog)
+        kw = dict(p_min=self.p_min, vocab=self.vocab, grammar=grammar, is_eog=self.is_eog, lazy=lazy)
         if isinstance(cache, DFlashCache):
             return DFlashDrafter(cache, self.k, **kw)
         return Eagle3Drafter(cache, **kw)
@@ -89,7 +92,7 @@ class Sources:
         states) and `heads` does not ask for the heads, else the target's own heads where they open (llama.cpp may
         refuse them a context: auto then drafts without them), else none."""
         if self.hidden is not None and not heads:
-            return self.hidden_drafter()
+            return self.hidden_drafter(lazy=True)
         if self.draft is not None and not heads:
             return self.draft_model()
         try:
@@ -108,9 +111,13 @@ class Sources:
         """heads: the target's heads as the model source even where there is a draft model (mtp -k auto)."""
         costs = self.costs()
         forced = Forced(self.grammar(), self.tokenize, self.piece) if self.grammar is not None else None
-        source = self.model_source(heads) if model else None
-        if isinstance(source, (MtpDrafter, HiddenDrafter)):  # its own figures, timed once (milliseconds)
-            costs.use_draft(source.name, source.time_one)
+        # A draft of the target's hidden states is kept in step from the prompt on, whether it drafts or not: where
+        # its figures are known (the kept curve has them) and it cannot pay, it is not even loaded.
+        known = self.hidden is not None and not heads and costs.draft_source == self.hidden_kind
+        hopeless = known and not can_pay(costs, self.hidden_kind == "dflash")
+        source = self.model_source(heads) if model and not hopeless else None
+        if isinstance(source, (MtpDrafter, HiddenDrafter)) and costs.use_draft(source.name, source.time_one):
+            self.keep()  # its figures, timed once (milliseconds), kept with the curve
         if isinstance(source, HiddenDrafter) and not can_pay(costs, source.per_round):
             source.cache.detach()  # (it would read every row of the target's, the prompt's too, for nothing)
             source = None
@@ -154,6 +161,8 @@ def for_run(
     draft_loaded: Callable[[], bool],
     heads: Callable[[], HeadCache] | None,
     hidden: Callable[[], FeatureCache] | None = None,
+    hidden_kind: str | None = None,
+    keep: Callable[[], None] = lambda: None,
     slides: bool,
     tokenize: Callable[[str], list[int]],
     instruction: str,
@@ -173,6 +182,8 @@ def for_run(
         draft_loaded=draft_loaded,
         heads=heads,
         hidden=hidden,
+        hidden_kind=hidden_kind,
+        keep=keep,
         is_eog=target.is_eog,
         p_min=run.p_min,
         branches=run.branches,
