@@ -12,7 +12,7 @@ from typing import Callable
 import llama_cpp.llama_cpp as L
 
 from . import fit
-from .backend import hidden, native, vocab
+from .backend import draft_files, hidden, native, vocab
 from .backend.context import Context
 from .backend.native import Model
 from .drafting import DRAFTERS, native_kind
@@ -29,7 +29,7 @@ class Draft:
 
     info: Model | None = None
     model: Path | None = None
-    hidden: hidden.DraftFile | None = None
+    hidden: draft_files.DraftFile | None = None
 
     @property
     def native(self) -> str | None:
@@ -44,11 +44,11 @@ def read(cfg, target: Model, stack: ExitStack, speculates: bool, warn: Callable[
     path = cfg.draft if cfg.draft and speculates else None
     if path is None:
         return Draft()
-    file = hidden.read(path)
+    file = draft_files.read(path)
     info = stack.enter_context(Model(path, vocab_only=True))
     why = vocab.incompatibility(target, info)
     if file is not None and why is None:
-        why = hidden.problem(file, target.name, target.architecture, _n_embd(target), target.n_layer)
+        why = draft_files.problem(file, target.name, target.architecture, _n_embd(target), target.n_layer)
     if why and cfg.draft_chosen_by == "auto":
         warn(f"{info.name}, the draft chosen for {target.name}, cannot draft for it: {why}")
         return Draft()
@@ -64,7 +64,7 @@ def read(cfg, target: Model, stack: ExitStack, speculates: bool, warn: Callable[
     return Draft(info, None, file) if file is not None else Draft(info, path, None)
 
 
-def _hint(file: hidden.DraftFile) -> str:
+def _hint(file: draft_files.DraftFile) -> str:
     return f"`specdec models info {file.path.name}` says what it reads; `specdec models pair TARGET` lists the drafts that fit"
 
 
@@ -94,7 +94,13 @@ def drafter(name: str, draft: Draft, branches: int = 1) -> str:
 
 
 def open_hidden(
-    file: hidden.DraftFile, target: Context, plan: fit.Plan, n_ctx: int, n_bytes: int, threads: int, stack: ExitStack
+    file: draft_files.DraftFile,
+    target: Context,
+    plan: fit.Plan,
+    n_ctx: int,
+    n_bytes: int,
+    threads: int,
+    stack: ExitStack,
 ) -> FeatureCache:
     """The draft loaded (placed as -ngld / -devd ask), its context beside the target's, and the target's tap."""
     want = plan.draft_want

@@ -16,7 +16,7 @@ import pytest
 from conftest import FrozenCosts, accept_every_draft, run_engine, same_distribution, sample_counts
 
 import native_models as nm
-from specdec_cli.backend import hidden
+from specdec_cli.backend import draft_files
 from specdec_cli.cli import main
 from specdec_cli.drafting import cost as costmodel
 from specdec_cli.drafting import measure as measurement
@@ -254,20 +254,20 @@ def test_any_such_draft_for_a_qwen2_target_is_one_line(capsys, native):
 
 
 def test_the_checks_read_headers_alone(native):
-    """hidden.problem on each bad file's header, and on a target that would have to hand out its final layer."""
+    """draft_files.problem on each bad file's header, and on a target that would have to hand out its final layer."""
     for name, why in BAD.items():
-        d = hidden.read(native[name])
-        assert why.replace("counter.gguf", "T") in hidden.problem(d, "T", "llama", 64, 2)
-    d = hidden.read(native["dflash_layer2"])
-    assert hidden.problem(d, "T", "mimo2", 64, 2) is None  # mimo2's graph hands out layer n_layer too
-    assert hidden.read(native["counter"]) is None
+        d = draft_files.read(native[name])
+        assert why.replace("counter.gguf", "T") in draft_files.problem(d, "T", "llama", 64, 2)
+    d = draft_files.read(native["dflash_layer2"])
+    assert draft_files.problem(d, "T", "mimo2", 64, 2) is None  # mimo2's graph hands out layer n_layer too
+    assert draft_files.read(native["counter"]) is None
     # A file embedding fewer tokens than its vocabulary: a run refuses it as damaged (gguf_file's header check), a
     # listing (models pair) by this check on its header's facts.
     from specdec_cli.models import facts
 
-    d = hidden.DraftFile(path=native["eagle3_embd_short"], **facts.read(native["eagle3_embd_short"]).draft)
-    assert "embeds 100 tokens" in hidden.problem(d, "T", "llama", 64, 2)
-    assert hidden.read(native["dflash2"]).variant == "dflash2"
+    d = draft_files.DraftFile(path=native["eagle3_embd_short"], **facts.read(native["eagle3_embd_short"]).draft)
+    assert "embeds 100 tokens" in draft_files.problem(d, "T", "llama", 64, 2)
+    assert draft_files.read(native["dflash2"]).variant == "dflash2"
 
 
 def test_not_with_parallel(native):
@@ -464,7 +464,7 @@ def test_a_real_target_with_its_drafts_is_exactly_target_only(smollm2, smollm2_d
         want = [run_engine(s, p)[0] for p in prompts] + [run_engine(s, prompts[1], gbnf="root ::= [0-9, ]+")[0]]
     with open_session(RunConfig(**base, draft=smollm2_drafts[arch], drafter=arch, draft_tokens=4)) as s:
         got = [run_engine(s, p) for p in prompts] + [run_engine(s, prompts[1], gbnf="root ::= [0-9, ]+")]
-        assert s.hidden().tap.layers == hidden.read(smollm2_drafts[arch]).layers
+        assert s.hidden().tap.layers == draft_files.read(smollm2_drafts[arch]).layers
     assert [g[0] for g in got] == want
     assert sum(g[1].drafted for g in got) > 0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from .. import drafting, options
-from ..backend import hidden, mtp
+from ..backend import draft_files, mtp
 from ..drafting import measure
 from ..errors import UsageError
 from ..options import RunConfig, parse_draft_tokens
@@ -79,7 +79,7 @@ def plan(
             raise UsageError(message)
     prompt_list = suite.load(prompts, cats)
     has_heads = mtp.usable(cfg.target)
-    file = hidden.read(cfg.draft) if cfg.draft else None
+    file = draft_files.read(cfg.draft) if cfg.draft else None
     native = file.arch if file is not None else None
     names = _drafters(drafters, cfg.draft is not None, branch_list, branches, has_heads, native)
     # One session serves every row: with the draft loaded if a row may use it; rows pick their drafter.

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from math import prod
 from pathlib import Path
 
-from ..backend import hidden
+from ..backend import draft_files
 from ..backend.gguf_file import Array, Malformed, read_header
 from ..outputs import home
 
@@ -76,7 +76,7 @@ class Facts:
     width: int = 0  # {arch}.embedding_length
     layers: int = 0  # {arch}.block_count
     head_bytes: int = 0  # its output head's (the token embeddings where it has none): what a draft borrowing it reads
-    draft: dict | None = None  # an EAGLE-3 or DFlash draft: backend/hidden.DraftFile's fields but its path
+    draft: dict | None = None  # an EAGLE-3 or DFlash draft: backend/draft_files.DraftFile's fields but its path
 
     @staticmethod
     def from_json(d: dict) -> Facts:
@@ -132,7 +132,7 @@ def _facts(buf) -> Facts:
         width=_int(meta, f"{arch}.embedding_length", 0),
         layers=_int(meta, f"{arch}.block_count", 0),
         head_bytes=head.nbytes if head is not None else 0,
-        draft=hidden.describe(meta, set(tensors), hidden.d2t_problem(buf, h), hidden.embd_rows(h)),
+        draft=draft_files.describe(meta, set(tensors), draft_files.d2t_problem(buf, h), draft_files.embd_rows(h)),
     )
 
 

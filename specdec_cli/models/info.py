@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import llama_cpp.llama_cpp as L
 
-from ..backend import hidden, mtp, vocab
+from ..backend import draft_files, mtp, vocab
 from ..backend.native import Model
 from ..ui import placement as ui_placement
 
@@ -39,12 +39,12 @@ def describe(model: Model) -> dict:
         "hidden_size": int(L.llama_model_n_embd(model._ptr)) if not model.vocab_only else None,
         "layers": model.n_layer if not model.vocab_only else None,
         # a draft that reads a target's hidden states (EAGLE-3, DFlash): what it reads; else whether drafts can read it
-        "hidden_draft": _hidden(hidden.read(model.path)),
-        "feeds_hidden_drafts": model.architecture in hidden.FEEDS,
+        "hidden_draft": _hidden(draft_files.read(model.path)),
+        "feeds_hidden_drafts": model.architecture in draft_files.FEEDS,
     }
 
 
-def _hidden(d: hidden.DraftFile | None) -> dict | None:
+def _hidden(d: draft_files.DraftFile | None) -> dict | None:
     if d is None:
         return None
     return {
@@ -130,10 +130,10 @@ def _size(n: int) -> str:
 def pairing(target: Model, draft: Model) -> str | None:
     """None when draft can draft for target; otherwise why not. A draft's own cache never needs to roll
     back (a recurrent one drafts in a copy of its state), so only the vocabularies must agree; a draft that reads
-    the target's hidden states must also fit its architecture, width and layers (backend/hidden.problem)."""
+    the target's hidden states must also fit its architecture, width and layers (backend/draft_files.problem)."""
     why = vocab.incompatibility(target, draft)
-    d = hidden.read(draft.path)
+    d = draft_files.read(draft.path)
     if why is None and d is not None:
         n_embd = int(L.llama_model_n_embd(target._ptr))
-        why = hidden.problem(d, target.name, target.architecture, n_embd, target.n_layer)
+        why = draft_files.problem(d, target.name, target.architecture, n_embd, target.n_layer)
     return why

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backend import hidden
+from ..backend import draft_files
 from ..drafting import curves
 from ..drafting.auto import MODEL_PRIOR
 from ..drafting.cost import Costs, best_length
@@ -93,9 +93,9 @@ def options(target: Path, facts: Facts, entries: list[Entry], costs: Costs | Non
         if e.path.resolve() == real:
             continue
         problem = vocab_problem(facts.vocab, e.facts.vocab)
-        draft = hidden.DraftFile(path=e.path, **e.facts.draft) if e.facts.draft else None
+        draft = draft_files.DraftFile(path=e.path, **e.facts.draft) if e.facts.draft else None
         if problem is None and draft is not None:
-            problem = hidden.problem(draft, Path(target).name, facts.arch, facts.width, facts.layers)
+            problem = draft_files.problem(draft, Path(target).name, facts.arch, facts.width, facts.layers)
         elif problem is None and e.facts.params >= facts.params:
             problem = f"not smaller than the target ({_b(e.facts.params)} parameters, the target {_b(facts.params)})"
         if problem is not None:
