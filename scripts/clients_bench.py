@@ -5,10 +5,12 @@ per request, against the same prompts sent by one client one after another (the 
     python scripts/clients_bench.py --clients 4 --requests 3 -n 128 --rounds 3 --json clients.json -- -t 2
     python scripts/clients_bench.py --parallel 4 --clients 4 --requests 3 -n 128 --rounds 3 -- -t 2
 
-With --parallel N two servers run side by side: one with `--parallel N` and today's (one generation at a time); a
-round then has three phases: the clients at once against the parallel server ("parallel"), the same against
-today's ("today"), and one client in turn against today's ("serial"). The ratios are the parallel server's against
-each, and each client's mean wall time per request against what today's server gives the same client in the same mix.
+The server is `specdec serve` as started without --parallel (its default slots: 4 where memory allows). With
+--parallel N a second one runs beside it with `--parallel N`; a round then has three phases: the clients at once
+against the --parallel N server ("parallel"), the same against the default one ("default"), and one client in turn
+against the default one ("serial"). The ratios are the first phase's against each, and each client's mean wall time
+per request against what the other phase's server gives the same client in the same mix. An earlier build's server
+is another phase: --against "old=sh -c 'cd /path/to/checkout && exec python -m specdec_cli serve --port {port} ...'".
 
 --against NAME=COMMAND (again for more) adds a phase: the clients at once against another OpenAI-compatible server,
 started from COMMAND with {port} replaced by a free port, ready once its /health answers 200 (llama-server:
@@ -131,7 +133,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompts", type=Path, default=HERE / "general.jsonl")
     p.add_argument("--json", type=Path)
-    p.add_argument("--parallel", type=int, help="compare a server with --parallel N against today's")
+    p.add_argument("--no-serial", action="store_true", help="no serial phase (the servers' phases alone)")
+    p.add_argument("--parallel", type=int, help="compare a server with --parallel N against the default one")
     p.add_argument("--against", action="append", default=[], metavar="NAME=COMMAND", help="another server's phase")
     a = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     prompts = read_prompts(a.prompts)
@@ -141,14 +144,14 @@ def main() -> None:
     work = [[prompts[c + a.clients * i] for i in range(a.requests)] for c in range(a.clients)]
 
     # (phase, server, how the clients send): the first is the one measured against the others
-    phases = [("concurrent", "today", concurrent), ("serial", "today", serial)]
+    phases = [("concurrent", "default", concurrent)] + ([] if a.no_serial else [("serial", "default", serial)])
     if a.parallel:
-        phases = [("parallel", "parallel", concurrent), ("today", "today", concurrent), *phases[1:]]
+        phases = [("parallel", "parallel", concurrent), ("default", "default", concurrent), *phases[1:]]
     phases += [(name, name, concurrent) for name, _ in (x.split("=", 1) for x in a.against)]
     servers: dict[str, Server] = {}
     rounds = []
     try:
-        servers["today"] = Server(["--no-lookup-cache", *rest])
+        servers["default"] = Server(["--no-lookup-cache", *rest])
         if a.parallel:
             servers["parallel"] = Server(["--no-lookup-cache", "--parallel", str(a.parallel), *rest])
         for name, command in (x.split("=", 1) for x in a.against):

@@ -63,7 +63,7 @@ def ours(target: Path, draft: Path, kind: str, k: int, n: int, prompt: str) -> d
                 rounds.append(e)
             elif isinstance(e, Stopped):
                 t1 = time.perf_counter()
-        cache = s.hidden()
+        cache = s.home.hidden()
         tokens = sum(r.emitted for r in rounds)
         drafted = sum(r.drafted for r in rounds)
         return {

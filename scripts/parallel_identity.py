@@ -17,7 +17,7 @@ import json
 import threading
 from pathlib import Path
 
-from specdec_cli.backend.steps import Steps
+from specdec_cli.batching.rendezvous import Steps
 from specdec_cli.chat import Message
 from specdec_cli.engine.stats import collect
 from specdec_cli.run_inputs import Inputs

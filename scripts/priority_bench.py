@@ -4,12 +4,13 @@ against the same request alone (issue 49's measure).
 
     python scripts/priority_bench.py --rounds 3 -- -t 2 -c 12288
 
-One `specdec serve --parallel 2` is started on 127.0.0.1 (a free port) with the arguments after `--`, the lookup cache
-off, and stopped at the end; with --today, also today's server (one generation at a time), measured the same way. A
+One `specdec serve` (its default slots) is started on 127.0.0.1 (a free port) with the arguments after `--`, the lookup
+cache off, and stopped at the end; with --serial, also one with `--parallel 1` (one generation at a time), measured the
+same way. A
 round sends the /infill request (a prefix of about --prefix tokens of this project's code, a short suffix, 16 tokens
 asked, `cache_prompt` off) alone, then again --delay seconds after a streamed chat request whose prompt is about
---long tokens of code (also `cache_prompt` off) was sent, whose client then leaves (today's server: reads it to its
-end, as it cannot stop a prefill); the order of the two alternates round by round. Prints the medians: TTFT alone,
+--long tokens of code (also `cache_prompt` off) was sent, whose client then leaves (the server stops its prompt at
+the next chunk; with one slot the /infill waits for that chunk and the long prompt's end alike); the order of the two alternates round by round. Prints the medians: TTFT alone,
 TTFT beside the long prompt, their difference, and the /infill prompt's length as the server counted it.
 """
 
@@ -30,7 +31,7 @@ from serve_bench import Server
 
 HERE = Path(__file__).parent
 CHARS_PER_TOKEN = 4.0  # this project's Python through Qwen2.5's tokenizer (28,800 characters: 7,201 tokens)
-LEAVE_SECONDS = 8.0  # after the long prompt's client leaves: its next keep-alive write (5 s) finds it gone
+LEAVE_SECONDS = 2.0  # after the long prompt's client leaves: the server looks every 0.25 s, then one chunk ends
 
 
 def code(tokens: int, skip: int = 0) -> str:
@@ -75,8 +76,7 @@ def open_long(server: Server, text: str):
 
 def beside(server: Server, base: str, prefix: str, long_text: str, delay: float, wait: bool) -> tuple[float, int]:
     """The /infill request sent `delay` seconds after the long chat prompt: (its TTFT, its prompt tokens). Then the
-    long one's client leaves (a parallel server stops its prefill), or, `wait`, reads it to its end (today's server
-    cannot stop a prefill under way: the next request would wait for it)."""
+    long one's client leaves (the server stops its prompt at its next chunk), or, `wait`, reads it to its end."""
     conn, r = open_long(server, long_text)
     time.sleep(delay)
     ttft, n = infill(base, prefix)
@@ -99,7 +99,7 @@ def measure(server: Server, a, prefix: str, long_text: str, label: str) -> dict:
                 ttft, prefix_n = infill(base, prefix)
                 alone.append(ttft)
             else:
-                ttft, prefix_n = beside(server, base, prefix, long_text, a.delay, wait=label == "today")
+                ttft, prefix_n = beside(server, base, prefix, long_text, a.delay, wait=label == "serial")
                 loaded.append(ttft)
             print(f"[{label} round {r + 1}/{a.rounds}] {kind}: TTFT {ttft:.2f} s", file=sys.stderr)
     return {
@@ -119,12 +119,12 @@ def main() -> None:
     p.add_argument("--prefix", type=int, default=1500, help="the /infill prefix, in tokens (about)")
     p.add_argument("--long", type=int, default=8000, help="the other client's prompt, in tokens (about)")
     p.add_argument("--delay", type=float, default=5.0, help="seconds between the long prompt and the /infill")
-    p.add_argument("--today", action="store_true", help="also today's server, one generation at a time")
+    p.add_argument("--serial", action="store_true", help="also a server with --parallel 1, one generation at a time")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     prefix, long_text = code(a.prefix), code(a.long, skip=20)
     out = {"rounds": a.rounds, "long_prompt_tokens_about": int(len(long_text) / CHARS_PER_TOKEN), "serve_args": rest}
-    for label, extra in [("parallel", ["--parallel", "2"])] + ([("today", [])] if a.today else []):
+    for label, extra in [("default", [])] + ([("serial", ["--parallel", "1"])] if a.serial else []):
         server = Server(["--no-lookup-cache", *extra, *rest])
         try:
             out[label] = measure(server, a, prefix, long_text, label)

@@ -13,7 +13,7 @@ import llama_cpp.llama_cpp as L
 
 from . import fit
 from .backend import draft_files, hidden, native, vocab
-from .backend.context import Context
+from .backend.context import Context, Run
 from .backend.native import Model
 from .drafting import DRAFTERS, native_kind
 from .drafting.dflash import DFlashCache
@@ -101,13 +101,24 @@ def open_hidden(
     n_bytes: int,
     threads: int,
     stack: ExitStack,
-) -> FeatureCache:
-    """The draft loaded (placed as -ngld / -devd ask), its context beside the target's, and the target's tap."""
+    slots: int = 1,
+) -> tuple[hidden.DraftContext, hidden.LayerTap]:
+    """The draft loaded (placed as -ngld / -devd ask), its context beside the target's (a sequence per slot that
+    shares the target's), and the target's tap."""
     want = plan.draft_want
     placed = fit.offload(want, file.path, n_ctx, n_bytes)[0] if want else None
     model = stack.enter_context(Model(file.path, offload=placed))
     with native.capture():
-        ctx = stack.enter_context(hidden.DraftContext(model, file, target, threads))
-    tap = hidden.LayerTap(target, file.layers)
+        ctx = stack.enter_context(hidden.DraftContext(model, file, target, threads, slots))
+    tap = hidden.LayerTap(target, file.layers, slots)
     stack.callback(tap.detach)  # (runs before the contexts close: the stack unwinds in reverse)
-    return (Eagle3Cache if file.arch == "eagle3" else DFlashCache)(ctx, tap)
+    return ctx, tap
+
+
+def hidden_cache(
+    opened: tuple[hidden.DraftContext, hidden.LayerTap], target, slot: int = 0, run: Run | None = None
+) -> FeatureCache:
+    """A slot's cache of the draft (its sequence of the draft's context, its rows of the target's `target`)."""
+    ctx, tap = opened
+    cls = Eagle3Cache if ctx.file.arch == "eagle3" else DFlashCache
+    return cls(hidden.DraftSeqs(ctx, slot, run), hidden.TapSeqs(tap, target, slot))

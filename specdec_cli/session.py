@@ -8,14 +8,15 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Iterator
 
-from . import drafting, drafts, fit, prefixes
-from .backend import devices, gguf_file, mtp, native, rpc, vocab
+from . import contexts, drafting, drafts, fit, prefixes
+from .backend import devices, gguf_file, mtp, rpc, vocab
 from .backend.context import Context
 from .backend.grammar import Grammar
 from .backend.native import Model
+from .batching.rendezvous import Steps
+from .batching.slots import Slot, home, shares
 from .drafting import cache as lookup_cache
 from .drafting import NEVER, cost, curves, measure
-from .drafting.mtp import HeadCache
 from .drafting.corpus import Corpus
 from .run_inputs import CACHED, Inputs
 from .engine import kv
@@ -25,22 +26,9 @@ from .engine.events import Event, Prefilled
 from .engine.speculative import generate
 from .errors import UsageError
 from .once import Once
-from . import slots
-from .backend.steps import Steps
-from .slots import Slot
 from .fit import context_sizes
 from .text import with_text
 from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
-
-
-MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
-MAX_STEP_ROWS = 4  # --parallel: output room for this many full verify batches in one step (more wait a step)
-
-
-def _seqs(model: Model, role: str) -> int:
-    """Sequences a context needs: a tree's branches; a recurrent model drafts no tree, so a target needs its
-    own and a draft also a copy to draft in (ModelDrafter)."""
-    return MAX_BRANCHES if model.rollback == "cells" else 1 + (role == "draft")
 
 
 class Session:
@@ -52,8 +40,9 @@ class Session:
         """max_draft: the longest draft a run may send (default: -k, else auto's longest): a recurrent
         target keeps a snapshot of its state per draft token. lazy_draft: load the draft model at its first
         draft (a one-shot run's, or a batch's: a run that never drafts with it never loads it), not now. slots: a
-        server's generations at once (--parallel; `open_slots`), each with its share of the contexts."""
-        self.cfg, self._stack, self.parallel = cfg, stack, slots
+        server's generations at once (`open_slots`), each with its share of the contexts (layout.py); 0: as many as
+        fit in memory, up to DEFAULT_SLOTS."""
+        self.cfg, self._stack = cfg, stack
         t0 = time.perf_counter()
         # --rpc: the target's layers on the servers (and this machine's GPUs, as llama.cpp would); the draft
         # never leaves this machine (fit.wants). Where each model's layers go is decided before it loads.
@@ -61,57 +50,50 @@ class Session:
         self.where = f"rpc {rpc.label(servers)}" if servers else "local"
         remote = [devices.device(d) for d in rpc.devices(servers)] if servers else []
         uses_draft = cfg.draft is not None and drafting.kind(cfg.drafter).uses_model
-        plan = fit.plan(cfg, remote, cfg.draft if uses_draft else None)
+        self._plan = plan = fit.plan(cfg, remote, cfg.draft if uses_draft else None)
         self.warnings: list[str] = plan.notes  # for the command to show, once
-        self._draft_want = plan.draft_want
         # The target's own draft heads (MTP), loaded where it has them and the drafter may draft with them (auto,
         # mtp: then a request or a bench row may too). A MoE model's heads hold an expert layer's weights.
         self.mtp_layers = mtp.heads_in_header(gguf_file.check(cfg.target))
-        heads = drafting.kind(cfg.drafter).heads != NEVER and mtp.usable(cfg.target) and slots == 1
+        heads = drafting.kind(cfg.drafter).heads != NEVER and mtp.usable(cfg.target)
         # Exact mode changes how the target computes; the draft's numerics never change the output.
         self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, offload=plan.target, heads=heads))
-        # The heads beside the target's context, opened at the first run that drafts with them.
-        self.heads = Once(lambda: HeadCache(stack.enter_context(mtp.Heads(self.target_ctx, cfg.threads))))
-        if slots > 1 and cfg.drafter == "mtp":
-            raise UsageError(
-                "--drafter mtp drafts with the target's own heads for one generation at a time: not with --parallel",
-                hint="use --drafter auto (it drafts with lookup or a draft model), or no --parallel",
-            )
         drafter = self._speculation(cfg)  # plain decoding where the target cannot roll back
         self.speculates = not drafting.kind(drafter).plain
         # The draft: a draft model, or one trained on the target's hidden states (checked against it: drafts.py).
         self.draft_of = drafts.read(cfg, self.target, stack, self.speculates, self.warnings.append)
         self._draft_file, info = self.draft_of.model, self.draft_of.info
         self.drafter = drafts.drafter(drafter, self.draft_of, cfg.branches)  # model -> eagle3 for an EAGLE-3 file
-        if slots > 1 and self.draft_of.hidden is not None:
-            raise UsageError(
-                f"{self.draft_of.hidden.label} drafts read the target's hidden states for one generation at a time: "
-                "not with --parallel",
-                hint="use --parallel 1, or a draft model (--draft) or lookup with --parallel",
-            )
         self.answers = lookup_cache.Answers(lambda: self.vocab_key, self.warnings.append)  # lookup's earlier answers
         self.draft: Model | None = None  # loaded, with its context, where it first drafts (`draft_context`)
         self.draft_ctx: Context | None = None
         self.draft_context = Once(self._load_draft)  # the draft's context, the model loaded at its first draft
-        # A draft whose cache cannot slide holds the whole text (drafting/window.py): a recurrent state, or
-        # layers with a sliding window of their own.
+        self._draft = self.draft_context if self._draft_file else None  # (None: no draft model)
+        # A draft whose cache cannot slide (a recurrent state, sliding-window layers) holds the whole text (window.py).
         self.draft_slides = info is not None and not info.recurrent and not info.sliding_window
-        self.draft_recurrent = info is not None and info.recurrent
         self.check_branches(cfg.branches, info)
         # The target drops a rejected tail of up to max_draft tokens: a recurrent target keeps that many
         # snapshots of its state (the verify batch of max_draft + 1 tokens holds them all).
         self.max_draft = max_draft or cfg.draft_tokens or AUTO_K_MAX
-        self.target_ctx = self._contexts(cfg, plan, info)
-        # An EAGLE-3 or DFlash draft, loaded beside the target's context at the first run that drafts with it.
-        file, n, n_bytes = self.draft_of.hidden, self.n_ctx, self._draft_bytes
-        self.hidden = Once(lambda: drafts.open_hidden(file, self.target_ctx, plan, n, n_bytes, cfg.threads, stack))
+        sizes = context_sizes(cfg.ctx_size, self.target, info)
+        snapshots = self.max_draft if self.speculates and self.target.rollback == "snapshots" else 0
+        hidden, heads = self.draft_of.hidden, self.mtp_layers
+        shaped, self._draft_bytes = contexts.fitted(
+            slots, sizes, self.target, info, plan, hidden is not None, cfg.exact, snapshots, heads
+        )
+        self.layout, self.target_contexts, placed = contexts.target(self.target, shaped, cfg.threads, stack)
+        self.placement = {"target": placed, "draft": None}  # where the layers went
+        self.target_ctx, self.n_ctx = self.target_contexts[0], self.layout.n_ctx  # (n_ctx: a request's context)
+        self.companions = contexts.companions(
+            self.target_contexts, self.layout, hidden, plan, self._draft_bytes, cfg.threads, stack
+        )
         self.curve = self._curve(cfg, plan)
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
-        self.home = Slot(self.target_ctx, self.draft_context if self._draft_file else None, self.kept)
+        self.home = home(self.target_ctx, self._draft, self.kept, self.companions)
         self.prefixes: prefixes.Store | None = None  # a server's long prompts on disk (keep_prefixes)
         self._stored = self.home  # the slot whose prompt the prefix store saves next (its last restore's)
         # A recurrent draft's state is probed with its weights (memory.rollback): it is loaded now.
-        if self._draft_file and (not lazy_draft or self.draft_recurrent):
+        if self._draft_file and (not lazy_draft or info.recurrent):
             self.draft_context()
         if servers:
             rpc.watch_connections()  # a server machine that vanishes ends the run instead of hanging it
@@ -123,53 +105,14 @@ class Session:
             )
         self.load_seconds = time.perf_counter() - t0
 
-    def _contexts(self, cfg: RunConfig, plan: fit.Plan, info: Model | None) -> Context:
-        """The target's context, once both contexts' sizes are known and fit this machine's memory."""
-        n_ctx, draft_n_ctx = context_sizes(cfg.ctx_size, self.target, info)
-        draft_n_ctx = n_ctx if self.draft_of.hidden else draft_n_ctx  # beside the target's, as long (llama.cpp's)
-        snapshots = self.max_draft if self.speculates and self.target.rollback == "snapshots" else 0
-        self._seqs = (
-            _seqs(self.target, "target"),
-            1 if self.draft_of.hidden else MAX_BRANCHES if info and not info.recurrent else 2,
-        )
-        # --parallel N: every slot's whole context and sequences; exact mode's slots have a context each (slots.py).
-        n, (seqs, draft_seqs) = self.parallel, self._seqs
-        heads_bytes = mtp.kv_bytes(self.target, n_ctx, self.mtp_layers) if self.target.heads else 0
-        target = (self.target, n * n_ctx, n * (1 + snapshots) * seqs)
-        draft = (info, n * draft_n_ctx, n * draft_seqs) if info else None
-        self._draft_bytes = fit.check_pair(plan, target, draft, heads_bytes)  # for the draft's fit when it loads
-        # A tree's verify batch is at most MAX_DRAFT_TOKENS + 1 rows too: ModelDrafter caps a tree's nodes
-        # at MAX_DRAFT_TOKENS (max_nodes, below); a step carries every slot's.
-        self._ctx = dict(n_threads=cfg.threads, max_outputs=min(n, MAX_STEP_ROWS) * (MAX_DRAFT_TOKENS + 1))
-        if n * max(self._seqs) + 1 > MAX_SEQUENCES:
-            raise UsageError(
-                f"--parallel {n}: {n} slots of {max(self._seqs)} sequences each are more than llama.cpp's "
-                f"{MAX_SEQUENCES} sequences in one context",
-                hint=f"use --parallel {(MAX_SEQUENCES - 1) // max(self._seqs)} or fewer",
-            )
-        self._draft_ctx_args = dict(n_ctx=n * draft_n_ctx, n_seq=n * draft_seqs) if self._draft_file else {}
-        own = cfg.exact and n > 1
-        sizes = dict(n_ctx=n * n_ctx, n_seq=n * seqs, n_threads=cfg.threads, max_outputs=self._ctx["max_outputs"])
-        if own:  # (a context of its own decodes one slot's rows at a time)
-            sizes.update(n_ctx=n_ctx, n_seq=seqs, max_outputs=MAX_DRAFT_TOKENS + 1)
-        with native.capture() as made:
-            self.target_contexts = [
-                self._stack.enter_context(Context(self.target, **sizes, snapshots=snapshots))
-                for _ in range(n if own else 1)
-            ]
-        self.placement = {"target": fit.placement(self.target, made), "draft": None}  # where the layers went
-        self.n_ctx = self.target_contexts[0].n_ctx // (1 if own else n)  # a request's context (llama.cpp may pad)
-        return self.target_contexts[0]
-
     def _curve(self, cfg: RunConfig, plan: fit.Plan) -> measure.Curve:
         """The cost curve of this pair on this machine: kept from an earlier run, or measured at the first need."""
         paths = [cfg.target] + [p for p in (self._draft_file, cfg.draft if self.draft_of.hidden else None) if p]
         where = self.where + fit.layout(plan)  # a curve measured with other layers offloaded is another's
         about = curves.about(paths, cfg.threads, cfg.exact, where, AUTO_K_MAX + 1)
-        key = curves.key(about)
-        kept = curves.load(key, self.warnings.append) if self.speculates and not cfg.remeasure else None
-        draft = self.draft_context if self._draft_file else None
-        return measure.Curve(self.target_ctx, draft, AUTO_K_MAX + 1, key=key, kept=kept, about=about)
+        key, measure_anew = curves.key(about), not self.speculates or cfg.remeasure
+        kept = None if measure_anew else curves.load(key, self.warnings.append)
+        return measure.Curve(self.target_ctx, self._draft, AUTO_K_MAX + 1, key=key, kept=kept, about=about)
 
     @property
     def has_draft(self) -> bool:
@@ -179,13 +122,11 @@ class Session:
     def _load_draft(self) -> Context:
         """The draft model and its context (its load time goes to the cost curve)."""
         t0 = time.perf_counter()
-        want, n_ctx = self._draft_want, self._draft_ctx_args["n_ctx"]
-        placed = fit.offload(want, self._draft_file, n_ctx, self._draft_bytes)[0] if want else None
+        want, shape = self._plan.draft_want, self.layout.draft
+        placed = fit.offload(want, self._draft_file, shape.n_ctx, self._draft_bytes)[0] if want else None
         draft = self._stack.enter_context(Model(self._draft_file, offload=placed))
-        with native.capture() as made:
-            ctx = self._stack.enter_context(Context(draft, **self._draft_ctx_args, **self._ctx))
+        (ctx,), self.placement["draft"] = contexts.opened(draft, shape, self.cfg.threads, self._stack)
         self.draft, self.draft_ctx = draft, ctx
-        self.placement["draft"] = fit.placement(draft, made)
         self.curve.draft_load = time.perf_counter() - t0
         return ctx
 
@@ -227,16 +168,19 @@ class Session:
         return prompt.infill_tokens(self.target, self.n_ctx, prefix, suffix, extra, text)
 
     def open_slots(self, steps: Steps) -> list[Slot]:
-        """--parallel's slots, their decodes through `steps` (slots.py). The cost curve is measured first, where it was
-        not (a request may ask for auto): measuring empties every sequence."""
+        """A server's slots, their decodes through `steps` (batching/slots.py), with what they draft with loaded now (a
+        load in a request's run would stall every other slot). The cost curve is measured first, where it was not (a
+        request may ask for auto): measuring empties every sequence."""
         if self.curve.costs is None:
             self.curve.get(self.target.tokenize("Hello, world.", special=True))
-        draft_n_ctx = self._draft_ctx_args["n_ctx"] // self.parallel if self._draft_file else None
-        draft = self.draft_context if self._draft_file else None
+        if self._draft is not None:
+            self._draft()
+        for i in range(self.layout.target.count):
+            for opened in self.companions:
+                if opened is not None and self.speculates:
+                    opened(i)
         kept = functools.partial(kv.Kept, lambda: self.curve.measurements)
-        return slots.shares(
-            self.parallel, self.target_contexts, draft, steps, self.n_ctx, draft_n_ctx, self._seqs, kept
-        )
+        return shares(self.layout, self.target_contexts, self._draft, steps, kept, self.companions)
 
     def generate(
         self, tokens: list[int], inputs: Inputs = Inputs(), slot: Slot | None = None, **changes
@@ -258,6 +202,7 @@ class Session:
         # user waits for the set-up too: its time is the prefill's (Prefilled.seconds).
         t0 = time.perf_counter()
         reuse, salt = inputs.reuse, inputs.salt
+        slot.begin(len(tokens))
         slot.kept.begin(fit=reuse or not run.exact)  # exact mode's prompt cells differ without reuse (below)
         # --json-schema, --grammar, a request's response_format: parsed for this model's vocabulary (microseconds)
         gbnf = inputs.grammar if inputs.grammar is not None else run.gbnf
@@ -265,11 +210,11 @@ class Session:
         # Another namespace's cells are not reused (taken empty), though this run's may serve its own next run.
         own, slot.salt = salt == slot.salt, salt
         draft = (lambda: slot.kept.take(slot.draft(), tokens, reuse and own)) if slot.draft else None
-        for made in (self.heads.made and self.heads.made.heads, self.hidden.made):  # the target's decodes feed them
-            if made is not None:  # only in runs that draft with them
+        for made in (slot.heads and slot.heads.made, slot.hidden and slot.hidden.made):  # the target's decodes feed
+            if made is not None:  # them only in runs that draft with them
                 made.detach()
-        heads = self.heads if self.target.heads and drafting.kind(name).heads != NEVER else None
-        hidden = self.hidden if self.draft_of.hidden and drafting.kind(name).uses_model else None
+        heads = slot.heads if drafting.kind(name).heads != NEVER else None
+        hidden = slot.hidden if drafting.kind(name).uses_model else None
         tokenize = functools.partial(self.target.tokenize, special=False)  # as the answer's text tokenizes
         predicted = tuple(tokenize(inputs.prediction)) if inputs.prediction is not None else None
         sources = drafting.for_run(
@@ -290,11 +235,12 @@ class Session:
             grammar=grammar.start if grammar else None,
             max_nodes=MAX_DRAFT_TOKENS,
             max_leaves=MAX_BRANCHES,
+            n_ctx=slot.target.n_ctx,
         )
         drafter = drafting.build(name, sources)
         main = slot.kept.take(slot.target, tokens, reuse and own)
         if reuse and self.prefixes is not None:  # the prompt's saved blocks, where they reach further (and kept)
-            self.prefixes.restore(main, tokens, salt)
+            self.prefixes.restore(main, tokens, salt, slot.released)
             self._stored = slot
         # Exact mode's prompt normally goes through the fast kernels (every run of a prompt decodes it
         # alike); a reused prefix was decoded in other batches (an earlier prompt, an answer verified in

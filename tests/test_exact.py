@@ -204,6 +204,17 @@ def test_fixture_trees_are_target_only_output_in_exact_mode(models):
                 assert run_engine(s, p, draft_tokens=k)[0] == expected[p], (p, branches, k)
 
 
+@pytest.mark.parametrize("drafter", ["none", "model"])
+def test_exact_mode_runs_to_the_contexts_last_cell_and_stops_for_the_context(models, drafter):
+    """A lone token's twin takes a cell of its own: at the context's last cell it had none, and the run failed
+    (llama_decode: no free slot) where it should end as any run does at the context's end."""
+    cfg = config(models, "draft" if drafter == "model" else None, exact=True, ctx_size=256, max_tokens=1000)
+    with open_session(cfg) as s:
+        tokens, stats, _ = run_engine(s, "hello world hello world")
+        assert stats.stop_reason == "context"
+        assert len(s.prompt_tokens("hello world hello world")) + len(tokens) >= s.n_ctx - 1
+
+
 # --- the option ----------------------------------------------------------------------------------------
 def test_exact_is_in_the_json_config_and_the_config_file(models, tmp_path, capsys):
     args = ["generate", "hi", "--target", str(models["target"]), "-n", "4", "--json"]

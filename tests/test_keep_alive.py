@@ -16,11 +16,13 @@ import anthropic
 import openai
 import pytest
 
+from specdec_cli.batching.slots import Slot
 from specdec_cli.engine.stats import Stats
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.serve import service as service_module
 from specdec_cli.serve.http import Server
 from specdec_cli.serve.items import Finished
-from specdec_cli.serve.service import Service
+from specdec_cli.serve.service import Run, Service
 
 PREFILL = 0.6  # seconds the fake generation takes before its first piece
 
@@ -29,15 +31,16 @@ class SlowService(Service):
     """The real Service (its gate, job hand-over and `run`), over a generation that prefills for PREFILL s."""
 
     def __init__(self):
-        super().__init__(session=SimpleNamespace(prefixes=None), model="m", model_ids={"m"}, waiting=2)
+        session = SimpleNamespace(prefixes=None, open_slots=lambda steps: [Slot(None, None, None)])
+        super().__init__(session=session, model="m", model_ids={"m"}, waiting=2)
 
     def tokens(self, req) -> list[int]:
         return [1, 2, 3]
 
-    def overrides(self, req) -> dict:
-        return {}
+    def overrides(self, req) -> Run:
+        return Run({}, Inputs(), None)
 
-    def _generate(self, req, tokens, changes, stop, newer=lambda: False, slot=None):
+    def _generate(self, req, tokens, run, claim, slot=None):
         time.sleep(PREFILL)
         yield "Hi"
         yield Finished(Stats(prompt_tokens=3, generated_tokens=1, stop_reason="eos"), 0, "stop")

@@ -83,7 +83,7 @@ def test_auto_chooses_the_heads_where_there_is_no_draft(capsys, models):
     assert cfg["drafter"] == "auto" and cfg["draft"] is None and "MTP heads" in cfg["draft_choice"]
     with open_session(config(models, None, target=models["mtp"], drafter="auto")) as s:
         assert s.target.heads
-        sources = drafting.Sources(k=None, costs=lambda: s.curve.get([1, 2]), draft=None, heads=s.heads)
+        sources = drafting.Sources(k=None, costs=lambda: s.curve.get([1, 2]), draft=None, heads=s.home.heads)
         assert isinstance(sources.auto().draft_model, MtpDrafter)
     with open_session(config(models, None, target=models["target"], drafter="auto")) as s:
         assert not s.target.heads  # no heads: nothing loaded, auto drafts by lookup alone
@@ -179,7 +179,7 @@ def test_the_prompt_feeds_the_heads_its_last_rows_only(open_pair, models):
     s = heads(open_pair, models, "mtp_one", draft_tokens=2, p_min=0.0, max_tokens=8)
     prompt = s.prompt_tokens("x" * 200)
     collect(s.generate(prompt))
-    cache = s.heads()
+    cache = s.home.heads()
     assert cache.start == len(prompt) - PROMPT_ROWS
     assert cache.heads.pos_range(0)[0] == cache.start
 
@@ -255,7 +255,7 @@ def test_the_heads_keep_what_a_servers_next_turn_shares(models):
             r = collect(s.generate(s.prompt_tokens(text), Inputs(reuse=True), drafter=drafter, draft_tokens=k))
             assert r.tokens == want, (text, drafter)
         assert r.stats.by_drafter["mtp"].drafted > 0
-        assert s.heads().end > len(s.prompt_tokens(first))  # the last turn's answer is in the heads' cells
+        assert s.home.heads().end > len(s.prompt_tokens(first))  # the last turn's answer is in the heads' cells
 
 
 def test_a_file_that_counts_heads_it_does_not_carry_has_none(capsys, models, tmp_path):

@@ -270,12 +270,6 @@ def test_the_checks_read_headers_alone(native):
     assert draft_files.read(native["dflash2"]).variant == "dflash2"
 
 
-def test_not_with_parallel(native):
-    with pytest.raises(UsageError, match="not with --parallel"):
-        with open_session(cfg(native, "eagle3"), slots=2):
-            pass
-
-
 def test_the_cells_follow_the_text_across_runs(native, monkeypatch):
     """A session's runs (a server's turns): the draft keeps the cells of the prefix the next prompt shares (EAGLE-3's
     last pair is fed again from the rows kept), a run of another drafter leaves them alone, and a run interrupted
@@ -289,7 +283,7 @@ def test_the_cells_follow_the_text_across_runs(native, monkeypatch):
             r = collect(s.generate(s.prompt_tokens(text), Inputs(reuse=True), drafter=drafter))
             assert r.tokens == want, (text, drafter)
             if i == 1:
-                assert s.hidden().start == 0  # the first turn's cells were kept, not started afresh
+                assert s.home.hidden().start == 0  # the first turn's cells were kept, not started afresh
                 assert s.target_ctx.tap is not None  # its runs attach the tap ...
         assert s.target_ctx.tap is None or s.drafter == "auto"
         collect(s.generate(s.prompt_tokens("abc"), drafter="none"))
@@ -314,16 +308,16 @@ def test_auto_feeds_the_draft_from_its_first_draft_on(native, monkeypatch):
     long = dict(ctx_size=4096, max_tokens=3 * FLUSH, remeasure=True)
     with open_session(cfg(native, "dflash", drafter="auto", draft_tokens=None, **long)) as s:
         r = collect(s.generate(s.prompt_tokens("abcdefghijkl")))
-        assert "dflash" not in r.stats.by_drafter and s.hidden().end == 0  # never drafted, never fed
-        assert len(s.hidden().rows) <= WINDOW
+        assert "dflash" not in r.stats.by_drafter and s.home.hidden().end == 0  # never drafted, never fed
+        assert len(s.home.hidden().rows) <= WINDOW
         monkeypatch.setattr(AutoDrafter, "_model_pays", pays)
         prompt = "abcdefghijkl" * 100  # longer than the window: its last WINDOW rows are fed at the first draft
         r = collect(s.generate(s.prompt_tokens(prompt), max_tokens=64))
         assert r.stats.by_drafter["dflash"].drafted > 0
-        assert s.hidden().start > 0 and s.hidden().end >= len(s.prompt_tokens(prompt)) - 1
+        assert s.home.hidden().start > 0 and s.home.hidden().end >= len(s.prompt_tokens(prompt)) - 1
     with open_session(cfg(native, "dflash", drafter="dflash", draft_tokens=4, **long)) as s:
         collect(s.generate(s.prompt_tokens("abcdefghijkl" * 100), max_tokens=4))
-        assert s.hidden().start == 0  # the whole prompt, fed as it came
+        assert s.home.hidden().start == 0  # the whole prompt, fed as it came
 
 
 @pytest.mark.parametrize("draft", ["eagle3", "dflash"])
@@ -343,7 +337,7 @@ def test_a_long_prompt_is_fed_in_batches(native):
         with open_session(cfg(native, draft, ctx_size=2048, max_tokens=20, draft_tokens=3)) as s:
             tokens = s.prompt_tokens(prompt)
             r = collect(s.generate(tokens))
-            assert s.hidden().start == 0 and s.hidden().end >= len(tokens) - 1
+            assert s.home.hidden().start == 0 and s.home.hidden().end >= len(tokens) - 1
         assert r.stats.drafted > 0
 
 
@@ -464,7 +458,7 @@ def test_a_real_target_with_its_drafts_is_exactly_target_only(smollm2, smollm2_d
         want = [run_engine(s, p)[0] for p in prompts] + [run_engine(s, prompts[1], gbnf="root ::= [0-9, ]+")[0]]
     with open_session(RunConfig(**base, draft=smollm2_drafts[arch], drafter=arch, draft_tokens=4)) as s:
         got = [run_engine(s, p) for p in prompts] + [run_engine(s, prompts[1], gbnf="root ::= [0-9, ]+")]
-        assert s.hidden().tap.layers == draft_files.read(smollm2_drafts[arch]).layers
+        assert s.home.hidden().tap.layers == draft_files.read(smollm2_drafts[arch]).layers
     assert [g[0] for g in got] == want
     assert sum(g[1].drafted for g in got) > 0
 
@@ -517,7 +511,7 @@ def test_a_prompt_the_target_holds_whole_keeps_the_drafts_cells(native):
     with open_session(cfg(native, "eagle3", max_tokens=200, draft_tokens=4)) as s:
         for _ in range(2):
             events = list(s.generate(s.prompt_tokens(prompt), Inputs(reuse=True)))
-            assert collect(iter(events)).tokens == want and s.hidden().start == 0
+            assert collect(iter(events)).tokens == want and s.home.hidden().start == 0
         prefilled = next(e for e in events if isinstance(e, Prefilled))
         assert 0 < prefilled.cached < len(s.prompt_tokens(prompt)) - 1  # the target decoded a position again
     other = '!"#$%&'  # a run of another drafter on another text, which the target keeps whole (80 tokens)

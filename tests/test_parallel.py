@@ -1,6 +1,6 @@
-"""--parallel: several generations' decodes in one step (backend/steps.py), each in its share of the contexts
-(slots.py): steps take every running generation's rows, generations join and leave between steps, prompts go in
-chunks, the urgent first; each answer is what it is alone; auto weighs a draft at the step's margin."""
+"""Slots: several generations' decodes in one step (batching/rendezvous.py), each in its share of the contexts
+(batching/slots.py): steps take every running generation's rows, generations join and leave between steps, prompts go
+in chunks, the urgent first; each answer is what it is alone; auto weighs a draft at the step's margin."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from specdec_cli.backend.steps import NORMAL, URGENT, Part, Steps
+import itertools
+
+from specdec_cli.batching.claim import Claim, Left, Priority
+from specdec_cli.batching.rendezvous import Part, Steps
 from specdec_cli.drafting.cost import Costs, Loaded, best_length
+from specdec_cli.engine.context import StepFigures
 from specdec_cli.engine.stats import collect
 from specdec_cli.run_inputs import Inputs
 from specdec_cli.session import RunConfig, open_session
@@ -54,6 +58,10 @@ def handed_over(steps: Steps, n: int) -> None:
         time.sleep(0.005)
 
 
+NORMAL, URGENT = Priority.NORMAL, Priority.URGENT
+ORDERS = itertools.count(100)
+
+
 def generation(steps: Steps, ctx, name, sizes, prompt=(), priority=NORMAL, got=None, before=None, order=None):
     """A generation's thread: prompt chunks, then decodes of the given sizes, each part's tokens all `name`."""
 
@@ -61,7 +69,7 @@ def generation(steps: Steps, ctx, name, sizes, prompt=(), priority=NORMAL, got=N
         if before is not None:
             before.wait(10)
         with steps.joined():
-            place = steps.order() if order is None else order
+            place = next(ORDERS) if order is None else order
             for n in list(prompt) + list(sizes):
                 p = Part([name] * n, list(range(n)), [(0,)] * n, n - 1 if n in prompt else 0, prompt=n in prompt)
                 p.priority, p.order = priority, place
@@ -161,8 +169,9 @@ def test_closing_the_steps_ends_every_waiting_generation_with_the_error():
 
 
 class Step:
-    def __init__(self, own: int, rows: int, seconds: float = 0.1):
-        self.last_step = (own, rows, seconds)
+    def __init__(self, own: int, rows: int, seconds: float = 0.1, stake: int | None = None, teaches: bool = True):
+        stake = rows - own + 1 if stake is None else stake  # (each other row a generating one's)
+        self.last_step = StepFigures(own, rows, seconds, stake, teaches)
 
 
 CPU = {1: 0.05, 2: 0.07, 4: 0.12, 8: 0.23, 16: 0.45}  # a 1.5B target on 2 cores, about: compute-bound
@@ -377,15 +386,17 @@ def test_sigterm_ends_every_slots_stream_cleanly_and_exits_0(smollm2):
 def test_a_client_that_leaves_during_its_prompt_stops_it_at_the_next_chunk_and_its_slot_serves_the_next(models):
     from conftest import config
 
-    from specdec_cli.backend.steps import Left
-
     cfg, prompt = config(models), "lorem ipsum dolor sit amet " * 12
     with open_session(cfg, slots=2) as s:
         steps = Steps(chunk=16)
         slot = s.open_slots(steps)[0]
         tokens, raised = s.prompt_tokens(prompt), []
         assert len(tokens) > 6 * 16  # a prompt of several chunks
-        slot.target.gone = lambda: steps.steps >= 2  # the client leaves after its prompt's second chunk
+
+        class Leaves(Claim):  # the client leaves after its prompt's second chunk
+            left = property(lambda self: steps.steps >= 2)
+
+        slot.bind(Leaves())
 
         def run(**kw):
             with steps.joined():
@@ -398,7 +409,7 @@ def test_a_client_that_leaves_during_its_prompt_stops_it_at_the_next_chunk_and_i
         t.start()
         drive(steps, [t])
         assert raised == [2]  # no third chunk was decoded
-        slot.target.gone = lambda: False
+        slot.bind(Claim())
         out = {}
         t = threading.Thread(target=lambda: out.update(r=run()))
         t.start()

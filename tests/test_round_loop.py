@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from specdec_cli.engine.context import ALONE
 from specdec_cli.engine.drafter import Draft, Drafter
 from specdec_cli.engine.events import Round, Stopped, Token
 from specdec_cli.engine.kv import Sequence
@@ -37,7 +38,7 @@ class FakeContext:
     max_rollback = None  # cells: any tail can go (backend.context.Context)
     can_shift = True  # and cells can move (a draft's window)
     model = FakeModel()
-    last_step = (0, 0, 0.0)  # (alone: no other request's rows)
+    last_step = ALONE  # (alone: no other request's rows)
 
     def __init__(self) -> None:
         self.cells: dict[int, list[int]] = {s: [] for s in range(self.n_seq)}

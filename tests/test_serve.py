@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
+from specdec_cli.batching.claim import Claim
 from specdec_cli.chat import Message
 from specdec_cli.run_inputs import Inputs
 from specdec_cli.engine.stats import collect
@@ -78,8 +79,10 @@ class Served:
 
 @pytest.fixture(scope="module")
 def smol_server(smollm2):
-    """SmolLM2 with lookup (auto's cost model chooses), checking the KV caches every round (--debug)."""
-    s = Served("--target", smollm2, "--drafter", "auto", "--debug", "-c", "1024", "--no-lookup-cache")
+    """SmolLM2 with lookup (auto's cost model chooses), checking the KV caches every round (--debug). One slot: these
+    tests compare answers across requests, and in fast mode an answer decoded in a step beside another request's
+    rows may part from its answer alone at a near-tie (docs/serve.md; the slots' tests are tests/test_parallel.py)."""
+    s = Served("--target", smollm2, "--drafter", "auto", "--debug", "-c", "1024", "--no-lookup-cache", "-np", "1")
     yield s
     assert s.stop() == 0, s.stderr
 
@@ -236,6 +239,28 @@ def test_eight_concurrent_clients_each_get_their_own_answer(smol_server):
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda i: ask(i, i % 2 == 0), range(8)))
     assert got == expected
+
+
+def test_eight_clients_of_the_default_slots_in_exact_mode_each_get_their_answer_alone(smollm2):
+    """The default server (several slots, decoded together): in exact mode each answer is the one it gets alone, token
+    for token, whatever the others ask meanwhile; the server says how many slots it runs."""
+    s = Served("--target", smollm2, "--drafter", "auto", "--exact", "-c", "512", "--no-lookup-cache", "--debug")
+    try:
+        client = s.client(timeout=300)
+        prompts = [f"Write one sentence about {t}." for t in ("the sea", "a cat", "mountains", "bread")] * 2
+
+        def ask(i: int) -> str:
+            messages = [{"role": "user", "content": prompts[i]}]
+            r = client.chat.completions.create(model="m", max_tokens=24 + i, messages=messages)
+            return r.choices[0].message.content
+
+        expected = [ask(i) for i in range(8)]
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(ask, range(8)))
+    finally:
+        assert s.stop() == 0, s.stderr
+    assert got == expected
+    assert "4 slots" in s.stderr and "shared by several requests" in s.stderr
 
 
 def test_a_client_that_leaves_mid_stream_stops_its_generation(smol_server):
@@ -405,7 +430,7 @@ def test_bad_requests_get_an_error_object_and_the_server_goes_on(smol_server):
 
 
 def test_a_full_queue_gets_503_with_retry_after(smollm2):
-    s = Served("--target", smollm2, "--drafter", "none", "--queue", "0")
+    s = Served("--target", smollm2, "--drafter", "none", "--queue", "0", "-np", "1")
     try:
         conn = http.client.HTTPConnection(s.host, int(s.port), timeout=60)
         conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once upon a time", "max_tokens": 300,
@@ -449,7 +474,7 @@ def test_every_interface_without_a_key_refuses_to_start_unless_told(smollm2):
 
 
 def test_sigterm_mid_stream_ends_the_stream_cleanly_and_exits_0(smollm2):
-    s = Served("--target", smollm2, "--drafter", "none")
+    s = Served("--target", smollm2, "--drafter", "none", "-np", "1")
     try:
         conn = http.client.HTTPConnection(s.host, int(s.port), timeout=60)
         conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once upon a time", "max_tokens": 2000,
@@ -495,11 +520,19 @@ def test_parse_refuses_wrong_types_with_the_field_named():
     }
 
 
+class _Slot:
+    def bind(self, claim):
+        pass
+
+    def release(self):
+        pass
+
+
 def test_gate_queues_up_to_its_bound_then_refuses():
-    gate, entered, release = Gate(1), [], threading.Event()
+    gate, entered, release = Gate([_Slot()], 1), [], threading.Event()
 
     def hold():
-        with gate.turn():
+        with gate.admit(Claim()):
             entered.append(1)
             release.wait(10)
 
@@ -509,10 +542,10 @@ def test_gate_queues_up_to_its_bound_then_refuses():
         time.sleep(0.01)
     second = threading.Thread(target=hold)  # waits its turn: the queue holds one
     second.start()
-    while gate._waiting < 1:
+    while len(gate._line) < 1:
         time.sleep(0.01)
     with pytest.raises(ApiError) as e:
-        with gate.turn():
+        with gate.admit(Claim()):
             pass
     assert e.value.status == 503 and e.value.retry_after >= 1
     release.set()

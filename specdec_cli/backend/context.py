@@ -6,14 +6,16 @@ from __future__ import annotations
 import ctypes
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
 import llama_cpp.llama_cpp as L
 
+from ..engine.context import ALONE, StepFigures
 from ..errors import SpecdecError
-from . import devices, steps
+from . import devices
 from .native import Model, last_log_error, native_lib
 
 # Mesa's software Vulkan drivers (lavapipe's device is "llvmpipe (LLVM ...)"): ggml-vulkan's flash attention crashes
@@ -71,6 +73,53 @@ class ReferenceKernels:
             self._set(backend, on)
 
 
+@dataclass(eq=False)
+class Rows:
+    """One generation's rows in a decode of several (batching/rendezvous.py's Part is one): tokens at their
+    positions in their sequences (the context's own ids), outputs for tokens[first_out:]; for a companion of the
+    target's (MTP heads, an EAGLE-3 or DFlash draft), an embedding row per token and what kind of decode."""
+
+    tokens: list[int]
+    pos: list[int]
+    seqs: list[tuple[int, ...]]
+    first_out: int
+    embd: np.ndarray | None = None
+
+
+class Decoder(Protocol):
+    """A context that decodes several parts in one decode (a target's or a draft model's Context; a companion's
+    decodes of one kind): what batching/rendezvous.py's steps hand parts to."""
+
+    n_batch: int
+    max_outputs: int
+
+    def decode_parts(self, parts: list[Rows]) -> list: ...
+
+
+# How a companion of the target's hands a decode over: `direct` (a command's), or a server slot's, through its steps.
+Run = Callable[[Decoder, Rows], Any]
+
+
+def direct(decoder: Decoder, rows: Rows):
+    """One decode of `rows` alone, now."""
+    return decoder.decode_parts([rows])[0]
+
+
+def by_slot(seqs: list[tuple[int, ...]], per_slot: int) -> dict[int, list[int]]:
+    """Row indices by the slot whose sequences they are in (slot i's are i * per_slot ..; a row is in one slot's)."""
+    out: dict[int, list[int]] = {}
+    for i, ss in enumerate(seqs):
+        out.setdefault(ss[0] // per_slot, []).append(i)
+    return out
+
+
+class Tap(Protocol):
+    """What listens to a context's decodes (mtp.Heads, hidden.LayerTap): called after each, with every row's token,
+    position and sequences and whether it gave an output, while llama.cpp's buffers hold that decode's."""
+
+    def __call__(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], out: list[bool]) -> None: ...
+
+
 class Context:
     """One llama.cpp context: its own KV cache shared by up to `n_seq` forkable sequences.
 
@@ -103,7 +152,7 @@ class Context:
         # We read logits for at most a verify batch; the default (n_batch) reserves 1 GB+ of
         # output buffers with a 150k vocabulary.
         params.n_outputs_max = max_outputs
-        self.max_outputs = max_outputs  # rows one decode may return (a step of several requests': backend/steps.py)
+        self.max_outputs = max_outputs  # rows one decode may return (a step of several requests': batching/)
         # Exact mode's lone tokens get a twin in sequence n_seq (one more output row too).
         self._twin_seq = n_seq if model.exact and model.sgemm_weights else None
         if flash_attention_crashes(model):
@@ -122,7 +171,8 @@ class Context:
                 f"{last_log_error() or 'out of memory?'}",
                 hint="try a smaller -c/--ctx-size",
             )
-        self.n_ctx = L.llama_n_ctx(self._ptr)
+        # Exact mode's twin takes a cell of its own beside the lone token's: the text has one cell fewer.
+        self.n_ctx = L.llama_n_ctx(self._ptr) - (self._twin_seq is not None)
         # A decode of n_batch tokens has no room for a twin: exact mode's batches are one token shorter.
         self.n_batch = L.llama_n_batch(self._ptr) - (self._twin_seq is not None)
         self.n_vocab = model.n_vocab
@@ -140,10 +190,9 @@ class Context:
         # Exact mode: backends that are not the CPU, whose kernels are their own (README: Exact output).
         self.other_backends = self._reference.others if self._reference else 0
         self.decode_seconds = 0.0  # time inside llama_decode, to tell model cost from our overhead
-        self.last_step = (0, 0, 0.0)  # (engine/context.py)
-        # Called after every decode with its tokens, positions, sequences and first output row (mtp.Heads reads the
-        # output rows' hidden states, hidden.LayerTap every row's layer inputs); None: nothing listens.
-        self.tap: Callable[[list[int], list[int], list[tuple[int, ...]], int], None] | None = None
+        self.last_step: StepFigures = ALONE
+        self.tap: Tap | None = None  # reads what each decode leaves in llama.cpp's buffers (the MTP heads' rows...)
+        self.after: Callable[[], None] | None = None  # runs after each decode_tree, on its caller's thread
 
     def close(self) -> None:
         if self._ptr:
@@ -186,13 +235,15 @@ class Context:
         n = len(tokens)
         first_out = min(max(first_out, 0), n - 1)
         rows = self._decode(tokens, pos, seqs, [i >= first_out for i in range(n)])
-        if self.tap is not None:
-            self.tap(tokens, pos, seqs, first_out)
+        if self.after is not None:
+            self.after()
         return rows
 
-    def decode_parts(self, parts: list[steps.Part]) -> list[np.ndarray]:
-        """ONE decode of several generations' parts (backend/steps.py): each part's rows, copied (the next step
-        decodes into the same buffer while a generation may still read them)."""
+    def decode_parts(self, parts: list[Rows]) -> list[np.ndarray]:
+        """ONE decode of several generations' parts (batching/rendezvous.py): each part's rows, views into llama.cpp's
+        buffer as a lone decode's are. They hold until this context's next decode, which comes only once every running
+        generation has handed over its next part: each has read its rows by then, as the engine reads a lone
+        context's before its next decode (copying them cost a server's lone client about 1% of its rate)."""
         tokens, pos, seqs, out, sizes = [], [], [], [], []
         for p in parts:
             first = min(max(p.first_out, 0), len(p.tokens) - 1)
@@ -202,13 +253,14 @@ class Context:
             out += [i >= first for i in range(len(p.tokens))]
             sizes.append(len(p.tokens) - first)
         rows = self._decode(tokens, pos, seqs, out)
-        return [a.copy() for a in np.split(rows, np.cumsum(sizes)[:-1])]
+        return np.split(rows, np.cumsum(sizes)[:-1])
 
     def _decode(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], out: list[bool]) -> np.ndarray:
         """One llama_decode; the logits rows of the tokens `out` marks, in order (a view into llama.cpp's buffer)."""
         n, n_out = len(tokens), sum(out)
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
+        given = (tokens, pos, seqs, out)
         twin = self._twin_seq is not None and n_out == 1
         if twin:  # one output row: its twin makes the output matmul (and a lone token's every one) two wide
             last = out.index(True)
@@ -227,10 +279,12 @@ class Context:
                 self.seq_rm(self._twin_seq, -1, -1)  # its cell is free again, for the next position
         seconds = time.perf_counter() - t0
         self.decode_seconds += seconds
-        self.last_step = (n, n, seconds)
+        self.last_step = StepFigures(n, n, seconds)
         if rc != 0:
             why = {1: "no free slot in the KV cache (context full)", 2: "aborted"}.get(rc, f"code {rc}")
             raise SpecdecError(f"llama_decode failed on {self.model.name}: {why}")
+        if self.tap is not None:
+            self.tap(*given)  # (an exact-mode twin is the batch's last row: not the tap's)
         ptr = L.llama_get_logits(self._ptr)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))  # (a twin's row comes after them)
 

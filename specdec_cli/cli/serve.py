@@ -18,12 +18,28 @@ from ..chat import isolation
 from ..serve import guard
 from ..serve.http import Server
 from ..serve.service import Service
+from ..layout import DEFAULT_SLOTS
 from ..session import Session
 
 PORT = 8080  # llama-server's default: clients configured for it find us
 QUEUE = 16  # requests that may wait for the one generating; more get 503 with Retry-After
 API_KEY_ENV = "SPECDEC_API_KEY"  # a key in the environment stays out of `ps` and shell history
 GIB = 1 << 30
+PARALLEL = typer.Option(
+    None,
+    "-np",
+    "--parallel",
+    help=f"Requests generated at once, decoded together in one batch (llama-server's -np); each has its whole "
+    f"context (-c), so the caches take N times the memory. Default: {DEFAULT_SLOTS} where they fit in memory, "
+    "else as many as fit.",
+)
+ALLOW_ORIGIN = typer.Option(
+    None,
+    "--allow-origin",
+    metavar="ORIGIN",
+    help="A web page (scheme://host[:port]) whose requests are answered, with CORS headers; again for more. "
+    "Others' are refused (403).",
+)
 
 
 @options.with_options(*(k for k in options.BY_KEY if k != "prediction"))  # a request's own (its `prediction`)
@@ -43,20 +59,8 @@ def serve(
     insecure_no_key: bool = typer.Option(
         False, "--insecure-no-key", help="Serve a --host other machines reach without --api-key: anyone may use it."
     ),
-    allow_origin: Optional[List[str]] = typer.Option(
-        None,
-        "--allow-origin",
-        metavar="ORIGIN",
-        help="A web page (scheme://host[:port]) whose requests are answered, with CORS headers; again for more. "
-        "Others' are refused (403).",
-    ),
-    parallel: int = typer.Option(
-        1,
-        "-np",
-        "--parallel",
-        help="Requests generated at once, decoded together in one batch (llama-server's -np); each has its whole "
-        "context (-c), so the caches take N times the memory.",
-    ),
+    allow_origin: Optional[List[str]] = ALLOW_ORIGIN,
+    parallel: Optional[int] = PARALLEL,
     queue: int = typer.Option(QUEUE, "--queue", help="Requests that may wait while the slots generate; more get 503."),
     max_connections: int = typer.Option(
         guard.MAX_CONNECTIONS,
@@ -101,12 +105,12 @@ def serve(
     guard.raise_file_limit()  # a descriptor for each of the cap's connections, and to spare
     server = _listen(address, port, host, api_key, debug, limits, origins)  # before loading: a taken port fails now
     try:
-        with opened(cfg, costs=True, slots=parallel) as session:
+        with opened(cfg, costs=True, slots=parallel or 0) as session:
             # The lookup cache's namespaces, as the prefix cache's: by the API key (a hash of it).
             session.answers.key_hash = prefixes.key_hash(api_key)
             if prefix_cache:
                 _prefix_cache(session, int(prefix_cache_size * GIB), prefix_cache_hours * 3600, api_key)
-            server.service = Service(session, *model_names(cfg), queue, parallel)
+            server.service = Service(session, *model_names(cfg), queue)
             isolation.prestart()  # the chat template's renderer: its child's 50 ms not in the first request's
             _serve(server, host, api_key is not None, cfg)
     finally:
@@ -126,8 +130,8 @@ def _listen(
         ) from None
 
 
-def _check(queue: int, prefix_cache_size: float, prefix_cache_hours: float, port: int, parallel: int) -> None:
-    if parallel < 1:
+def _check(queue: int, prefix_cache_size: float, prefix_cache_hours: float, port: int, parallel: int | None) -> None:
+    if parallel is not None and parallel < 1:
         raise UsageError(f"--parallel must be at least 1 (got {parallel})")
     if queue < 0:
         raise UsageError(f"--queue must be at least 0 (got {queue})")
@@ -161,7 +165,8 @@ def _serve(server: Server, host: str, keyed: bool, cfg) -> None:
     stop = threading.Event()
     try:  # from here on a signal stops the server cleanly, wherever it lands
         how = ui.label(server.service.session.drafter, cfg.draft_tokens, cfg.branches, k_for_auto=True, exact=cfg.exact)
-        ui.note(f"serving {server.service.model} ({how}) at {url}; Ctrl-C stops it")
+        n = server.service.gate.slots
+        ui.note(f"serving {server.service.model} ({how}, {n} slot{'s' * (n > 1)}) at {url}; Ctrl-C stops it")
         try:
             print(url, flush=True)  # standard output: a script reads the address (with --port 0, the port) here
         except BrokenPipeError:

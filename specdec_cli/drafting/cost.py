@@ -174,79 +174,95 @@ class Costs:
         self.draft = seconds_per_token if self.draft is None else _smooth(self.draft, seconds_per_token)
 
 
-class Loaded:
-    """Costs as one of several generations that share each decode (a server's --parallel slots) sees them. Where the
-    others put r rows in its last step (R = r + 1 with its own token), drafting n - 1 tokens adds
-    t(R + n - 1) - t(R) to the step, and every generation in it waits that long: R of them, about, each of which
-    emits a token a step. Drafting pays the batch where it adds tokens faster than the step's own rate, R / t(R);
-    alone a round pays where E / t(n) beats 1 / t(1). Its rounds are weighed so, as if alone, at
-    t'(n) = t(1) + R * t(1) / t(R) * (t(R + n - 1) - t(R)): t(n) itself alone; a draft model's decodes, steps the
-    others wait for too, by the same factor. On a CPU, whose t grows with every row, a full batch leaves nothing
-    for drafts; where t is flat (a GPU's few rows) the margin stays cheap. A round's time, observed, is the whole
-    step's: t(its tokens) where it carried others' rows too. `step` is the slot's context
-    (backend/slot_context.py): its last_step."""
+class Loaded(Costs):
+    """Costs as one of several generations that share each decode (a server's slots) sees them. Where its last step
+    carried r rows besides its own token, drafting n - 1 tokens adds t(r + n) - t(r + 1) to the step, and what the
+    step was to make waits that long: q tokens at stake, its own next one, each other generating row (a token it
+    may make), and a prompt's chunk as one (its rows make no token: its request waits like one generation). Drafting
+    pays the step where it adds tokens faster than the step's own rate q / t(r + 1); alone a round pays where
+    E / t(n) beats 1 / t(1). Its rounds are weighed so, as if alone, at t'(n) = t(1) + W (t(r + n) - t(r + 1)) with
+    W = q t(1) / t(r + 1): t(n) itself alone. Counting a chunk's rows as tokens at stake made a 256-token prompt chunk
+    beside it look like 256 tokens waiting, and auto drafted nothing where drafting would have given the drafting
+    request about 4x its rate for 2% on the step; counting generations instead of their rows undercounts a step of
+    drafting neighbours (4 slots each verifying 4 rows), and drafts grew the step past what they paid: 4 clients
+    measured 0.77x. A draft's decodes are steps the others wait for too: its figures by the same factor.
+
+    In exact mode each slot decodes in a context of its own, one slot a step: a step carries its own rows alone,
+    and t'(n) = t(n). Its drafts delay the others' steps by t(n) - t(1) a cycle, but over a cycle of every slot's
+    steps the generations make (q - 1 + E) tokens in (q - 1) t(1) + t(n), more than q in q t(1) exactly where E /
+    t(n) beats 1 / t(1): the alone condition (tests/test_parallel.py).
+
+    A live view of the shared `costs` and of the slot's last step (`step.last_step`): each primitive below is
+    restated; everything else Costs computes from them (a method of Costs that read its own table would raise here,
+    having none, rather than answer for a lone run). A step's cost is learned once a step, by the one part it says
+    `teaches`."""
 
     def __init__(self, costs: Costs, step):
-        self.costs, self.step = costs, step
+        self.costs, self.step = costs, step  # (not Costs.__init__: no table of its own)
 
-    def __getattr__(self, name: str):
-        return getattr(self.costs, name)
+    def _load(self) -> tuple[float, float]:
+        """(r: rows besides its own token, W: the weight of a row added to the step)."""
+        f, c = self.step.last_step, self.costs
+        r = max(f.rows - f.own, 0)
+        if not r:
+            return 0, 1.0
+        return r, max(f.stake, 1) * c.verify(1) / float(c.beyond(np.asarray(r + 1)))
 
     @property
-    def others(self) -> int:
-        own, rows, _ = self.step.last_step
-        return max(rows - own, 0)
+    def waiting(self) -> float:
+        return self._load()[1]
 
     def verify(self, n: int) -> float:
         return float(self.verify_many(np.asarray(n)))
 
-    @property
-    def waiting(self) -> float:
-        """The generations that wait for a longer step, at their rate: (r + 1) t(1) / t(r + 1) (1 alone)."""
-        r, c = self.others, self.costs
-        return (r + 1) * c.verify(1) / float(c.beyond(np.asarray(r + 1))) if r else 1.0
-
     def verify_many(self, n: np.ndarray) -> np.ndarray:
-        r, c = self.others, self.costs
+        (r, w), c = self._load(), self.costs
         if not r:
             return c.verify_many(n)
-        t_rows = float(c.beyond(np.asarray(r + 1)))
-        return c.verify(1) + self.waiting * (c.beyond(np.asarray(n) + r) - t_rows)
+        return c.verify(1) + w * (c.beyond(np.asarray(n) + r) - float(c.beyond(np.asarray(r + 1))))
 
-    # A draft model's decodes are steps of their own, which the others wait for too.
+    def draft_batch(self, n: int) -> float:
+        return self.costs.draft_batch(n) * self.waiting
+
     @property
     def draft(self) -> float | None:
-        return self.costs.draft * self.waiting if self.costs.draft is not None else None
+        return None if self.costs.draft is None else self.costs.draft * self.waiting
 
-    @draft.setter
-    def draft(self, seconds: float | None) -> None:
-        self.costs.draft = seconds
+    @property
+    def draft_catch_up(self) -> float | None:
+        return None if self.costs.draft_catch_up is None else self.costs.draft_catch_up * self.waiting
+
+    @property
+    def draft_prefill(self) -> float | None:
+        return None if self.costs.draft_prefill is None else self.costs.draft_prefill * self.waiting
 
     @property
     def draft_load(self) -> float | None:
-        return self.costs.draft_load * self.waiting if self.costs.draft_load is not None else None
-
-    def catch_up(self, gap: int) -> float:
-        return self.costs.catch_up(gap) * self.waiting
-
-    def drafting(self, k: int, catch_up: float, block: bool = False) -> np.ndarray:
-        return catch_up + (np.ones(k) if block else np.arange(1, k + 1)) * (self.draft or 0.0)
+        return None if self.costs.draft_load is None else self.costs.draft_load * self.waiting
 
     @property
-    def plain(self) -> float:
-        return self.costs.verify(1)
+    def draft_source(self) -> str | None:
+        return self.costs.draft_source
 
-    def relative(self, n: int) -> float:
-        return self.verify(n) / self.plain
+    def use_draft(self, source: str, timing) -> bool:
+        """The draft's figures timed, where they are, on the decoding thread (Steps.call): on this slot's own thread a
+        small decode ran many times slower (a second OpenMP team against the first's spinning one), and auto kept
+        the target's heads from drafting."""
+        return self.costs.use_draft(source, lambda: self.step.steps.call(timing))
 
     def observe_verify(self, n: int, seconds: float) -> None:
-        """The step's own time (the round's includes the steps that went before it): t(its tokens)."""
-        own, rows, step_seconds = self.step.last_step
-        if rows <= len(self.costs.table):
-            self.costs.observe_verify(rows, step_seconds)
+        """The step's own time (the round's includes the steps that went before it), once a step: t(its tokens)."""
+        f = self.step.last_step
+        if f.teaches and f.rows <= len(self.costs.table):
+            self.costs.observe_verify(f.rows, f.seconds)
 
     def observe_draft(self, seconds_per_token: float) -> None:
         """Not learned beside others: a round's drafting time includes the steps that went before its own."""
+
+    def copy(self, n_max: int | None = None) -> Costs:
+        raise TypeError("a slot's view of the costs is not a measurement to copy")
+
+    kept = copy
 
 
 def _smooth(old: float, new: float, weight: float = SMOOTHING) -> float:

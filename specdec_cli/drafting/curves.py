@@ -11,7 +11,6 @@ more than DRIFT from the kept curve, the file goes, and the next run measures ag
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -21,9 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import llama_cpp
 
-from ..backend import cpu
+from .. import identity
 from ..outputs import home
 from ..outputs import remove_quietly
 
@@ -44,28 +42,12 @@ def folder() -> Path:
 
 
 def about(paths: list[Path], threads: int, exact: bool, where: str, n_max: int) -> dict[str, Any]:
-    """What a cost curve depends on (its key hashes them): this machine, the model files (the target's first; a
-    draft's even where it is not loaded), threads, kernels, placement, build."""
-    return {
-        "host": platform.node(),
-        "cpu": cpu.features(),
-        "models": [file_identity(path) for path in paths],
-        "threads": threads,
-        "exact": exact,
-        "where": where,
-        "llama_cpp": llama_cpp.__version__,
-        "n_max": n_max,
-    }
+    """What a cost curve depends on (its key hashes them): the computation (identity.py: the target's file first, a
+    draft's even where it is not loaded) and the longest batch it times."""
+    return {**identity.computation(paths, threads, exact, where), "n_max": n_max}
 
 
-def key(parts: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def file_identity(path: Path) -> dict[str, Any]:
-    """What says a model file is the same file: its resolved path, size and modification time."""
-    st = os.stat(path)
-    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+key = identity.key
 
 
 def load(name: str, warn: Callable[[str], None]) -> dict[str, Any] | None:

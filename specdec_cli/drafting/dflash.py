@@ -46,7 +46,7 @@ class DFlashDrafter(HiddenDrafter):
             return self._drafted(Picks(), k, 0, lag, None)
         t0 = time.perf_counter()
         mask = ctx.file.mask
-        ctx.decode([committed[-1]] + [mask] * w, np.arange(n - 1, n + w), None, "none" if ctx.dflash2 else "all")
+        ctx.decode([committed[-1]] + [mask] * w, np.arange(n - 1, n + w), None, "lattice" if ctx.dflash2 else "all")
         seconds = time.perf_counter() - t0
         st = self._state(committed)
         k = min(k, w)
@@ -92,4 +92,4 @@ class DFlashDrafter(HiddenDrafter):
     def _decode_once(self) -> None:
         ctx = self.cache.ctx
         block = [0] + [ctx.file.mask] * self.width
-        ctx.decode(block, np.arange(len(block)), None, "none" if ctx.dflash2 else "all")
+        ctx.decode(block, np.arange(len(block)), None, "lattice" if ctx.dflash2 else "all")

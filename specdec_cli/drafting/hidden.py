@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backend.hidden import DraftContext, LayerTap
+from ..backend.hidden import DraftSeqs, TapSeqs
 from ..engine.constraint import Follow, State, best_allowed
 from ..engine.drafter import Draft, Drafter
 from ..engine.kv import KVInvariantError
@@ -71,7 +71,7 @@ class Picks:
         return d
 
 
-def _fastest(run, ctx: DraftContext) -> float:
+def _fastest(run, ctx: DraftSeqs) -> float:
     best = float("inf")
     for _ in range(TIMING_PASSES):
         t0 = time.perf_counter()
@@ -88,7 +88,7 @@ class FeatureCache:
 
     SHIFT = 0  # EAGLE-3: 1 (the cell at p holds the token at p + 1 with the features of p)
 
-    def __init__(self, ctx: DraftContext, tap: LayerTap):
+    def __init__(self, ctx: DraftSeqs, tap: TapSeqs):
         self.ctx, self.tap = ctx, tap
         self.start = self.end = 0
         self.text: list[int] = []
@@ -102,17 +102,22 @@ class FeatureCache:
 
     # --- the target's side ---------------------------------------------------------------------------------
     def attach(self) -> None:
-        self.tap.attach(self._taken)
+        self.tap.attach(self._taken, self._drain)
 
     def detach(self) -> None:
         self.tap.detach()
 
     def _taken(self, tokens: list[int], pos: list[int], seqs: list[tuple[int, ...]], rows: np.ndarray) -> None:
+        """A target decode's rows of this slot (on the decoding thread: kept, fed from `_drain`)."""
         if self._prompt:  # the prompt's: committed as they come, fed in batches (a long prompt's features are large)
             self.rows.update(zip(pos, rows))
-            self._bound()
         else:
             self._raw.append((tokens, pos, seqs, rows))
+
+    def _drain(self) -> None:
+        """After each target decode, on the run's thread: a prompt's rows fed FLUSH at a time (or kept, lazily)."""
+        if self._prompt:
+            self._bound()
 
     def _bound(self) -> None:
         """Rows waiting: fed, FLUSH at a time; lazy, the last WINDOW kept."""
@@ -345,9 +350,10 @@ class HiddenDrafter(Drafter):
         cache.restart(0)
         cache.text = [0] * (FEED_BATCH + 1)
         try:
-            draft = _fastest(lambda: self._decode_once(), ctx)
-            one = _fastest(lambda: cache._feed(0, rows[:1], "none"), ctx)
-            many = _fastest(lambda: cache._feed(0, rows, "none"), ctx)
+            with ctx.alone():
+                draft = _fastest(lambda: self._decode_once(), ctx)
+                one = _fastest(lambda: cache._feed(0, rows[:1], "none"), ctx)
+                many = _fastest(lambda: cache._feed(0, rows, "none"), ctx)
         finally:
             cache.restart(0)
             cache.text = []

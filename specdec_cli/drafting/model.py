@@ -54,6 +54,7 @@ class ModelDrafter(Drafter):
         grammar: State | None = None,
         window: int | None = None,
         loaded: Callable[[], bool] = lambda: True,
+        n_ctx: int | None = None,
     ):
         self.follow = Follow(grammar) if grammar is not None else None
         self._open = seq if callable(seq) else (lambda: seq)
@@ -63,6 +64,7 @@ class ModelDrafter(Drafter):
         self.max_branches = max_branches
         self.p_split = p_split
         self.max_nodes = max_nodes  # a tree's nodes + 1 must fit the target's output rows
+        self.n_ctx = n_ctx  # the target's cells (None: unbounded): its verify batch takes one per node
         self._vocab = vocab  # ids a draft may propose: below the target's vocabulary and its own
         self.window = window
         self.failed = False
@@ -159,9 +161,13 @@ class ModelDrafter(Drafter):
 
     def _draft(self, committed: list[int], k: int, sampler: Sampler, rng, policy: DraftPolicy) -> Draft:
         ctx = self.seq.ctx
-        # A tree must also fit the cache cells left near the end of the context, and one decode batch; a
-        # chain needs only positions (k fits them already).
-        room = k if self.max_branches == 1 else min(self.max_nodes, ctx.n_ctx - len(self.seq) - 1, ctx.n_batch - 1)
+        # A tree must also fit the cells left near the end of both contexts (the target's verify batch takes a
+        # cell per node: its room, not the draft's window, bounds it), and one decode batch; a chain needs only
+        # positions (k fits them already).
+        room = k
+        if self.max_branches > 1:
+            target = self.n_ctx - len(committed) if self.n_ctx is not None else self.max_nodes
+            room = min(self.max_nodes, ctx.n_ctx - len(self.seq) - 1, ctx.n_batch - 1, target)
         t = draft_tree(
             self.cache,
             committed,

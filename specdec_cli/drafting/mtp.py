@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..backend.mtp import Heads
+from ..backend.mtp import HeadSeqs
 from ..engine.constraint import Follow, State
 from ..engine.drafter import Draft, Drafter
 from ..engine.sampling import NonFiniteLogits, Sampler
@@ -35,7 +35,7 @@ class HeadCache:
     """The heads' cells: the text at positions start..end-1 (the same in every head's sequence), and the target's
     hidden states of recent positions, by position (those the next pairs need)."""
 
-    def __init__(self, heads: Heads):
+    def __init__(self, heads: HeadSeqs):
         self.heads = heads
         self.start = 0
         self.text: list[int] = []
@@ -71,6 +71,10 @@ class HeadCache:
             del self.text[shared:]
         self.hidden = {p: h for p, h in self.hidden.items() if p < self.end}  # of this text: below its shared end
         self.settle(len(tokens))
+
+    def detach(self) -> None:
+        """Its rows of the target's decodes no longer kept (a run that does not draft with the heads)."""
+        self.heads.detach()
 
     def time_one(self) -> float:
         """Seconds per one-token decode of a head (auto's cost of a drafted token until it observes its own); the

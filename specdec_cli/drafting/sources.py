@@ -42,6 +42,7 @@ class Sources:
     branches: int = 1  # the draft model's tree: at most this many branches
     p_split: float = 0.1
     max_nodes: int = 63  # a tree's nodes + 1 must fit the target's output rows
+    n_ctx: int | None = None  # the target's context (its cells): a tree's nodes take one each (None: unbounded)
     vocab: int | None = None  # the target's vocabulary: ids a draft may propose
     window: int | None = DRAFT_WINDOW  # the draft model's window (None: the whole text)
     max_tokens: int | None = None  # the answer's bound
@@ -67,6 +68,7 @@ class Sources:
             grammar,
             self.window,
             self.draft_loaded,
+            self.n_ctx,
         )
 
     def mtp(self) -> MtpDrafter | None:
@@ -171,6 +173,7 @@ def for_run(
     grammar: Callable[[], Any] | None,
     max_nodes: int,
     max_leaves: int,
+    n_ctx: int | None = None,
 ) -> Sources:
     """A run's sources: `slides`, whether the draft's cache can slide over a window of the text (a recurrent state,
     or sliding-window layers of its own, hold the whole text); `max_nodes`, a tree's nodes (its verify batch must fit
@@ -189,6 +192,7 @@ def for_run(
         branches=run.branches,
         p_split=run.p_split,
         max_nodes=max_nodes,
+        n_ctx=n_ctx,
         vocab=target.n_vocab,
         window=run.draft_window or None if slides else None,
         max_tokens=run.max_tokens,

@@ -5,9 +5,25 @@ per sequence), so the engine is token ids and arithmetic only (tests/test_round_
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class StepFigures:
+    """The decode that carried a context's last rows: more than its own where other requests' rows shared it (a
+    server's slots: batching/). What auto weighs a draft's rows against (drafting/cost.py's Loaded)."""
+
+    own: int = 0  # its own tokens
+    rows: int = 0  # the decode's tokens, every request's
+    seconds: float = 0.0
+    stake: int = 1  # the tokens that wait on it: its own next one, each other generating row, a prompt's chunk as one
+    teaches: bool = True  # the one part of the decode whose run may learn the decode's cost (once a decode)
+
+
+ALONE = StepFigures()
 
 
 @runtime_checkable
@@ -28,9 +44,7 @@ class Context(Protocol):
     n_vocab: int
     max_rollback: int | None  # None: any tail of a sequence can go (KV cells); else a recurrent state's snapshots
     can_shift: bool  # cells can be moved to other positions (seq_add): a draft's window can slide
-    # Its last decode: (its own tokens, the tokens of the whole decode that carried them, its seconds): more than its
-    # own where other requests' rows shared the decode (a server's --parallel slots: backend/slot_context.py).
-    last_step: tuple[int, int, float]
+    last_step: StepFigures  # its last decode's
 
     def decode(self, tokens: list[int], pos0: int, seq_id: int, outputs: str | int) -> np.ndarray:
         """Decode tokens at pos0.. in one sequence; logits rows: "last", "all", or from index i on."""

@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import SpecdecError
-from .context import Model
+from .context import ALONE, Model, StepFigures
 from .constraint import MaskedProbs, State, along, greedy_rows
 from .drafter import EMPTY, Draft, Drafter, Outcome
 from .events import Event, Notice, Origin, Prefilled, Round, Stopped, Token
@@ -85,14 +85,14 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         k = _room(main, settings, len(feed), generated, room)
 
         t_round = time.perf_counter()
-        draft, winner, n_before, in_order, states, own, step_rows = EMPTY, 0, len(committed), None, None, 0, 0
+        draft, winner, n_before, in_order, states, step = EMPTY, 0, len(committed), None, None, ALONE
         try:
             draft = drafter.propose(committed, k, sampler, rng)  # 1. draft
             if state is not None:  # cut where the grammar rejects it; each row's grammar state
                 draft, states = along(draft, state, sampler)
             t_draft = time.perf_counter()
             rows = draft.shape.verify(target, feed, draft.tokens)  # 2. ONE target decode
-            t_verify, (own, step_rows, _) = time.perf_counter(), main.ctx.last_step
+            t_verify, step = time.perf_counter(), main.ctx.last_step
             path, token = _accept(rows, draft, sampler, rng, model, len(committed), states)  # 3. accept
             sure = _sure(rows[path[-1] + 1 if path else 0], token, sampler) if draft.wants_confidence else None
             new = [draft.tokens[i] for i in path] + [token]
@@ -110,13 +110,8 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         if draft.notice:
             yield Notice(message=draft.notice)
 
-        outcome = Outcome(
-            path=path,
-            token=token,
-            draft_seconds=t_draft - t_round,
-            verify_seconds=t_verify - t_draft,
-            sure=sure,
-        )
+        spent = dict(draft_seconds=t_draft - t_round, verify_seconds=t_verify - t_draft)
+        outcome = Outcome(path=path, token=token, sure=sure, **spent)
         drafter.observe(draft, outcome)
         if settings.debug:
             target.check(committed)
@@ -130,7 +125,7 @@ def generate(main: Sequence, drafter: Drafter, prompt: list[int], settings: Sett
         eog = end < len(new)
         emitted = end + eog  # an end-of-generation token counts, though it is not output
         rejected = origins[-1] == Origin.CORRECTION
-        yield _round(draft, outcome, emitted, seconds, rejected=rejected, winner=winner, rows=(own, step_rows))
+        yield _round(draft, outcome, emitted, seconds, rejected=rejected, winner=winner, step=step)
         if eog:
             yield Stopped(reason="eos", complete=True if state is not None else None)  # the grammar allowed it
             return
@@ -167,7 +162,7 @@ def rollback(
 
 
 def _round(
-    draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, rejected: bool, winner: int, rows: tuple[int, int]
+    draft: Draft, outcome: Outcome, emitted: int, seconds: float, *, rejected: bool, winner: int, step: StepFigures
 ) -> Round:
     accepted = outcome.path[:emitted]  # (nothing after an end-of-generation token)
     predicted = {i for i in draft.from_prediction if i < len(draft.tokens)}  # (a grammar may have cut the draft)
@@ -187,8 +182,8 @@ def _round(
         winner=winner,
         from_prediction=len(predicted),
         prediction_accepted=sum(i in predicted for i in accepted),
-        step_rows=rows[1],
-        shared=rows[1] > rows[0],
+        step_rows=step.rows,
+        shared=step.rows > step.own,
     )
 
 

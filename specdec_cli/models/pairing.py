@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backend import draft_files
+from .. import identity
 from ..drafting import curves
 from ..drafting.auto import MODEL_PRIOR
 from ..drafting.cost import Costs, best_length
@@ -132,7 +133,7 @@ def expected(costs: Costs, accept: float, size_ratio: float, block: bool = False
 
 def kept_costs(target: Path) -> Costs | None:
     """The newest cost curve kept for this target on this machine (any draft, any threads), or None."""
-    kept = curves.kept_for(curves.file_identity(target))
+    kept = curves.kept_for(identity.file_identity(target))
     return Costs(kept["verify"], plain=kept.get("plain")) if kept else None
 
 

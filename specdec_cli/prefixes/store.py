@@ -33,20 +33,18 @@ HMAC-checked header: never another file under the folder.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-import llama_cpp
 
-from ..backend import cpu
+from .. import identity
 from ..backend.context import Context
 from ..backend.native import Model
-from ..drafting import curves
 from ..engine import kv
 from ..outputs import create_private, evict_oldest, private_folder, remove_quietly
 from . import blocks
@@ -84,19 +82,9 @@ class Settings(Protocol):
 
 
 def model_key(cfg: Settings, where: str) -> str:
-    """What a block's cells depend on besides its tokens: the model file, the machine and its kernels, exact
-    mode (reference kernels for the prompt), threads, `where` the target runs, llama.cpp's build and format."""
-    parts = {
-        "format": VERSION,
-        "host": platform.node(),
-        "cpu": cpu.features(),
-        "model": curves.file_identity(cfg.target),
-        "exact": cfg.exact,
-        "threads": cfg.threads,
-        "where": where,
-        "llama_cpp": llama_cpp.__version__,
-    }
-    return curves.key(parts)
+    """What a block's cells depend on besides its tokens: the computation (identity.py: the target's file, exact
+    mode's reference kernels for the prompt, threads, `where` the target runs) and the blocks' format."""
+    return identity.key({**identity.computation([cfg.target], cfg.threads, cfg.exact, where), "format": VERSION})
 
 
 def key_hash(api_key: str | None) -> bytes:
@@ -153,10 +141,13 @@ class Store:
         """The names of the whole blocks of `tokens`, in the namespace of this server's key and `salt`."""
         return digests(self.secret, self.key, tokens, namespace(self.keyed, salt))
 
-    def restore(self, seq: kv.Sequence, tokens: list[int], salt: str | None = None) -> int:
+    def restore(
+        self, seq: kv.Sequence, tokens: list[int], salt: str | None = None, released=contextlib.nullcontext
+    ) -> int:
         """Load into `seq` the saved blocks of the namespace of `salt` that start `tokens` (but its last token: a
         run decodes that itself) where they reach past what it holds; returns how many tokens it holds now. The
-        prompt is `pending`: to save once answered (the server's work loop, between requests)."""
+        prompt is `pending`: to save once answered (the server's work loop, between requests). A file is read and
+        checked `released()` (a server slot's: the other slots' steps go on meanwhile)."""
         self.pending = (tokens, salt)
         chain = self.chain(tokens[:-1], salt)
         if not chain:  # shorter than a block: nothing to look for
@@ -171,7 +162,7 @@ class Store:
         for i in range(len(seq) // BLOCK, m):
             path, start = self.folder / names[chain[i]], i * BLOCK
             try:
-                self._load(seq, path, chain[i], start)
+                self._load(seq, path, chain[i], start, released)
             except FileNotFoundError:  # another server's eviction took it meanwhile: prefill the rest
                 break
             except (OSError, Damaged) as e:
@@ -183,8 +174,9 @@ class Store:
             seq.restored(tokens[: start + BLOCK])
         return len(seq)
 
-    def _load(self, seq: kv.Sequence, path: Path, digest: str, start: int) -> None:
-        state = check(self.secret, blocks.read(path, self.max_file), self.key, digest, start, BLOCK)
+    def _load(self, seq: kv.Sequence, path: Path, digest: str, start: int, released) -> None:
+        with released():
+            state = check(self.secret, blocks.read(path, self.max_file), self.key, digest, start, BLOCK)
         ctx = seq.ctx
         kv.clear(ctx, [SCRATCH])
         try:

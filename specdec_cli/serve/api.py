@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from .. import options
 from ..backend import grammar
+from ..batching.claim import Priority
 from ..engine.stats import Stats
 from . import body, chat, cuts
 from .body import ApiError, decode, json_type, number, text, typed  # noqa: F401 (decode: re-exported, for batch)
@@ -90,6 +91,7 @@ def parse(kind: str, body: Any) -> Request:
         req.prompt = prompt_text(body.get("prompt"))
         if body.get("suffix") is not None:  # insertion: the text between the prompt and the suffix (FIM)
             req.suffix = text(typed(body, "suffix", str), "suffix")
+            req.priority = Priority.URGENT  # fill in the middle: an editor's, waited for at the keyboard
     req.logprobs = _logprobs(kind, body)
     req.stream = bool(typed(body, "stream", bool))
     stream_options = typed(body, "stream_options", dict) or {}

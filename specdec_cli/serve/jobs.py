@@ -1,4 +1,4 @@
-"""A generation handed from a connection's thread to the engine's (Job), and whether a newer request from the same
+"""A generation handed from a connection's thread to its slot's (Job), and whether a newer request from the same
 client has superseded it (Newest)."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ import threading
 from typing import Callable, Iterator
 
 from .. import ui
+from ..batching.claim import Claim
 from ..signals import INTERRUPTS
-from ..backend.steps import NORMAL
-from ..slots import Slot
 from .body import ApiError
 
 
@@ -42,23 +41,20 @@ class Newest:
 
 
 class Job:
-    """One generation handed from a connection's thread to the engine's: items flow back through `out`."""
+    """One generation handed from a connection's thread to its slot's: items flow back through `out`; its claim says
+    whether it has left (the one way it is told)."""
 
-    def __init__(self, items: Callable[[Callable[[], bool]], Iterator]):
-        self.items = items
+    def __init__(self, items: Callable[[], Iterator], claim: Claim):
+        self.items, self.claim = items, claim
         self.out: queue.Queue = queue.Queue()
-        self.cancel = threading.Event()  # the connection gave up: stop after the current round
         self.done = threading.Event()
-        self.urgency = NORMAL  # --parallel: how soon its prompt goes (pool.priority)
-        self.slot: Slot | None = None  # --parallel: where it runs (given when it starts)
 
-    def execute(self, release: Callable[[], None] = lambda: None) -> None:
-        """Run it; `release` runs once it is over, before anyone waiting for it hears so (its slot is free again
-        before the gate lets the next request in)."""
+    def execute(self) -> None:
+        """Run it (on its slot's thread); anyone waiting hears it is over only once its caches are let go of."""
         try:
-            if self.cancel.is_set():  # its client left while it waited: nothing to generate for
+            if self.claim.left:  # its client left while it waited: nothing to generate for
                 return
-            for item in self.items(self.cancel.is_set):
+            for item in self.items():
                 self.out.put(item)
         except ApiError as e:
             self.out.put(e)
@@ -69,7 +65,6 @@ class Job:
         except Exception as e:  # a bug: the connection answers 500, the server goes on
             self.out.put(e)
         finally:
-            release()
             self.out.put(END)
             self.done.set()
 

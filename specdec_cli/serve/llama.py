@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from .. import options
 from ..backend import grammar
+from ..batching.claim import Priority
 from ..chat import fim
 from ..errors import UsageError
 from . import api
@@ -49,6 +50,7 @@ def parse(kind: str, body: Any) -> Request:
         raise ApiError(400, "the request body must be a JSON object")
     req = Request(kind, typed(body, "model", str))
     if kind == "infill":
+        req.priority = Priority.URGENT  # an editor's, waited for at the keyboard (a /completion is anyone's)
         req.prompt = _text(body, "input_prefix", required=True)
         req.suffix = _text(body, "input_suffix", required=True)
         req.extra = _extra(body.get("input_extra"))

@@ -1,5 +1,6 @@
-"""--parallel N: up to N generations at once, each on a thread of its own in a slot of the session (slots.py), their
-decodes batched by the steps (backend/steps.py) on the thread that runs `work` (the main thread: llama.cpp's)."""
+"""The server's one execution model: every generation on a thread of its own, in the slot the gate gave it, its
+decodes batched with the others' by the steps (batching/rendezvous.py) on the thread that runs `work` (the main
+thread: llama.cpp's OpenMP team is that thread's)."""
 
 from __future__ import annotations
 
@@ -8,52 +9,33 @@ import threading
 from typing import Callable
 
 from .. import ui
-from ..backend.steps import NORMAL, URGENT, Steps
-from ..session import Session
-from ..slots import Slot
+from ..batching.rendezvous import Steps
 from .jobs import Job, shutting_down
-from .request import Request
 
 JOIN_SECONDS = 30.0  # a stopping server waits this long for its generations to roll back (each takes a step at most)
 
 
-def priority(req: Request) -> int:
-    """An editor's request (llama-server's /infill and /completion, a fill-in-the-middle completion) is waited for
-    at the keyboard: its prompt goes before a chat turn's, which an agent sends in the background."""
-    return URGENT if req.kind in ("infill", "llama") or req.suffix is not None else NORMAL
-
-
 class Pool:
-    def __init__(self, session: Session):
-        self.steps = Steps()
-        self._free: list[Slot] = session.open_slots(self.steps)
+    def __init__(self, steps: Steps):
+        self.steps = steps
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()
 
-    def start(self, job: Job, urgency: int) -> None:
-        """The job on a free slot, on a thread of its own (the gate admits no more jobs than slots)."""
-        with self._lock:
-            slot = self._free.pop()
-        slot.target.priority, slot.target.gone = (lambda: urgency), job.cancel.is_set
-        slot.target.order = self.steps.order()
-        job.slot = slot
-        thread = threading.Thread(target=self._run, args=(job, slot), name="specdec-slot", daemon=True)
+    def start(self, job: Job) -> None:
+        """The job on a thread of its own (in the slot its claim holds)."""
+        thread = threading.Thread(target=self._run, args=(job,), name="specdec-slot", daemon=True)
         with self._lock:
             self._threads.add(thread)
         thread.start()
 
-    def _run(self, job: Job, slot: Slot) -> None:
+    def _run(self, job: Job) -> None:
         try:
             with self.steps.joined():
-                job.execute(release=lambda: self._release(slot))
+                job.execute()
         finally:
             with self._lock:
                 self._threads.discard(threading.current_thread())
             self.steps.poke()
-
-    def _release(self, slot: Slot) -> None:
-        with self._lock:
-            self._free.append(slot)
 
     def work(self, stop: threading.Event, jobs: queue.Queue, idle: Callable[[], None]) -> None:
         """Start the jobs handed over and decode the steps until `stop`; `idle` runs (with the contexts to itself)
@@ -67,10 +49,10 @@ class Pool:
                         job = jobs.get_nowait()
                     except queue.Empty:
                         break
-                    self.start(job, job.urgency)
+                    self.start(job)
                     ran = True
                 self.steps.step(timeout=0.1)
-                if ran and self.steps.running == 0 and jobs.empty():
+                if ran and self.steps.running == 0 and jobs.empty() and not self._threads:
                     ran = False
                     with self.steps.turn():
                         idle()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..batching.claim import Priority
 from ..chat import Message, Tools
 
 
@@ -43,6 +44,7 @@ class Request:
     slot: int = -1  # llama-server's id_slot, as sent
     fields: list[str] | None = None  # llama-server's response_fields: only these
     n: int = 1  # completions asked for (llama-server's n_cmpl)
+    priority: Priority = Priority.NORMAL  # how soon its prompt goes beside others': the dialect that parsed it says
 
     @property
     def instruction(self) -> str:

@@ -1,18 +1,20 @@
-"""What the server does with a request, without HTTP: one loaded pair, one generation at a time or --parallel N
-(gate.py, pool.py), a bounded queue, prefix reuse, and a stream of the answer's items (items.py) that stops when the
-client leaves or the server stops."""
+"""What the server does with a request, without HTTP: one loaded pair, its slots (one, or --parallel N: gate.py hands
+them out, pool.py runs each generation in its own), a bounded queue, prefix reuse, and a stream of the answer's items
+(items.py) that stops when the client leaves or the server stops."""
 
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .. import chat, ui
 from ..chat import ToolCall, calls, fim
-from ..backend.steps import Left
+from ..batching.claim import Claim, Left
+from ..batching.rendezvous import Steps
 from ..engine.events import Prefilled, Round, Stopped, Token
 from ..engine.stats import Fold, Stats
 from ..errors import SpecdecError, UsageError
@@ -20,19 +22,20 @@ from ..options import OptionError
 from ..prefixes import STOP_SECONDS
 from ..run_inputs import Inputs
 from ..session import PromptTooLong, Session
-from ..slots import Slot
+from ..batching.slots import Slot
 from .api import api_name, completion, finish_reason, new_id
 from .body import ApiError
 from .cuts import Cuts
 from .gate import Gate
 from .items import STARTED, WAITING, Finished, Item, Streamed, whole
 from .jobs import END, Job, Newest, shutting_down
-from .pool import Pool, priority
+from .pool import Pool
 from .request import Request
 from .toolcalls import Calls, constraint
 
 
 KEEP_ALIVE = 5.0  # seconds a stream may go without an item: the stream loop has its dialect answer WAITING then
+WATCH = 0.25  # seconds between looks at a waiting request's connection (and whether a newer request superseded it)
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,13 @@ class Run:
 
 
 class Service:
-    def __init__(self, session: Session, model: str, model_ids: set[str], waiting: int, parallel: int = 1):
+    def __init__(self, session: Session, model: str, model_ids: set[str], waiting: int):
         self.session = session
         self.model = model  # the id responses and /v1/models show
         self.model_ids = model_ids  # the names a request's `model` may use
-        self.gate = Gate(waiting, parallel)
-        self.pool = Pool(session) if parallel > 1 else None
+        steps = Steps()
+        self.gate = Gate(session.open_slots(steps), waiting)  # (the session's slots: the one count of them)
+        self.pool = Pool(steps)
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._submitting = threading.Lock()  # a job is handed over, or refused once `work` has ended: never lost
         self._closed = False
@@ -148,65 +152,71 @@ class Service:
         return calls.format_of(self.session.target.chat_template())
 
     def run(self, req: Request, tokens: list[int], gone: Callable[[], bool]) -> Iterator[Streamed]:
-        """The answer's items as they are generated, then Finished (on the caller's thread: an HTTP
-        connection's). The generation itself runs on the thread in `work`. Holds the gate throughout;
-        stops early, rolling the caches back, when the client is `gone` or the server is closing (then
-        ApiError 503). A stream also gets STARTED when its turn comes, and WAITING every KEEP_ALIVE seconds
-        without a piece (a long prompt's prefill): agents give up on a stream that has been still for 300 s
-        (Claude Code and Codex CLI, which then send the request again), and on this CPU an agent's first prompt
-        takes longer to prefill."""
+        """The answer's items as they are generated, then Finished (on the caller's thread: an HTTP connection's).
+        The generation itself runs in a slot (pool.py). Holds the slot throughout; the request leaves (its claim: one
+        way, read by its slot's next decode and between rounds) when the client is `gone` or a newer request from
+        the same client supersedes it, looked at every WATCH seconds while it waits for an item (a long prompt stops
+        at its next chunk); a closing server ends it with ApiError 503. A stream also gets STARTED when its turn comes,
+        and WAITING every KEEP_ALIVE seconds without a piece (a long prompt's prefill): agents give up on a stream that
+        has been still for 300 s (Claude Code and Codex CLI, which then send the request again), and on this CPU an
+        agent's first prompt takes longer to prefill."""
         run = self.overrides(req)
-        newer = Newest(self._latest, req.client)
-        with self.gate.turn(newer.arrive):
-            job = Job(
-                lambda cancelled: self._generate(req, tokens, run, lambda: gone() or cancelled(), newer, job.slot)
-            )
-            job.urgency = priority(req)
+        newer, claim = Newest(self._latest, req.client), Claim(req.priority)
+        reuse = (lambda slot: slot.reuses(tokens, req.cache_salt)) if run.inputs.reuse else (lambda slot: 0)
+        with self.gate.admit(claim, newer.arrive, reuse) as slot:
+            job = Job(lambda: self._generate(req, tokens, run, claim, slot), claim)
             self._submit(job)
             try:
                 if req.stream:
                     yield STARTED  # a stream's headers go now, before a long prompt's prefill
+                still = looked = time.monotonic()  # (the last item; the last look at the client)
                 while True:
                     try:
-                        item = job.out.get(timeout=KEEP_ALIVE if req.stream else None)
+                        item = job.out.get(timeout=min(WATCH, KEEP_ALIVE))
                     except queue.Empty:
-                        yield WAITING
+                        item = None
+                    now = time.monotonic()
+                    if now - looked >= WATCH:  # (items flowing or not)
+                        self._watch(claim, gone, newer)
+                        looked = now
+                    if item is None:
+                        if req.stream and now - still >= KEEP_ALIVE:
+                            still = now
+                            yield WAITING
                         continue
+                    still = now
                     if item is END:
                         return
                     if isinstance(item, BaseException):
                         raise item
                     yield item
             finally:
-                job.cancel.set()
-                job.done.wait()  # the gate opens only once the engine has let go of the caches
+                claim.leave("gone")  # (a finished generation's claim is no one's to read)
+                job.done.wait()  # the slot is free only once the engine has let go of the caches
+
+    @staticmethod
+    def _watch(claim: Claim, gone: Callable[[], bool], newer: Callable[[], bool]) -> None:
+        if newer():
+            claim.leave("superseded")
+        elif gone():
+            claim.leave("gone")
 
     def answer(self, req: Request) -> dict:
         """The whole response `run` would give, generated on the calling thread, with no queue (a batch)."""
         tokens, run = self.tokens(req), self.overrides(req)
-        text, finished = whole(self._generate(req, tokens, run, lambda: False))
+        text, finished = whole(self._generate(req, tokens, run, Claim()))
         return completion(req, new_id(req.kind), self.model, text, finished)
 
     def work(self, stop: threading.Event) -> None:
-        """Run the generations, one at a time, on the calling thread until `stop` (the main thread:
-        llama.cpp's OpenMP threads belong to the thread that calls it, and a second team, made by a
-        connection's thread, spins against the first for the same cores: a third slower, measured).
-        A signal raised here cuts the running generation cleanly and ends the loop. With --parallel, the pool
-        runs them (pool.py)."""
+        """Run the generations until `stop`: the steps on the calling thread (the main thread: llama.cpp's OpenMP
+        threads belong to the thread that calls it, and a second team, made by a connection's thread, spins against
+        the first for the same cores: a third slower, measured), each generation on a thread of its own (pool.py).
+        A signal raised here cuts the running generations cleanly and ends the loop."""
         try:
-            while self.pool is None and not stop.is_set():
-                try:
-                    job = self._jobs.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                job.execute()
-                if self._jobs.empty():  # its answer is out and nobody waits: keep its prompt on disk now
-                    self._keep_prompt()
-            if self.pool is not None:
-                self.pool.work(stop, self._jobs, self._keep_prompt)
+            self.pool.work(stop, self._jobs, self._keep_prompt)
         finally:
-            # Close the gate before the cut generation's connection lets go of it (or a waiter would get
-            # its turn and hand over a job that nobody runs), then refuse whatever was handed over.
+            # Close the gate before the cut generations' connections let go of their slots (or a waiter would get
+            # one and hand over a job that nobody runs), then refuse whatever was handed over.
             self.gate.close()
             with self._submitting:
                 self._closed = True
@@ -243,23 +253,15 @@ class Service:
                 job.refuse(shutting_down())
             else:
                 self._jobs.put(job)
-                if self.pool is not None:
-                    self.pool.steps.poke()
+                self.pool.steps.poke()
 
     def _generate(
-        self,
-        req: Request,
-        tokens: list[int],
-        run: Run,
-        stop: Callable[[], bool],
-        newer: Callable[[], bool] = lambda: False,
-        slot: Slot | None = None,
+        self, req: Request, tokens: list[int], run: Run, claim: Claim, slot: Slot | None = None
     ) -> Iterator[Item]:
         """The answer's items: the engine's events through the cuts (stop strings, n_indent, the time limit, the
         log probabilities: cuts.Cuts), then through the tool calls' reader (toolcalls.Calls), then Finished. Ends
-        without it when `stop` says the client went; with it, superseded, when a `newer` request from the same
-        client came."""
-        if newer():  # superseded while it waited: nothing to prefill for
+        without it where its client left; with it, superseded, where a newer request from the same client came."""
+        if claim.reason == "superseded":  # superseded while it waited: nothing to prefill for
             yield Finished(Stats(), 0, "length", superseded=True)
             return
         events, fold, superseded = self.session.generate(tokens, run.inputs, slot, **run.settings), Fold(), False
@@ -276,22 +278,25 @@ class Service:
                     cut.prefilled()
                 elif isinstance(event, Stopped):
                     yield from reader.read(cut.stopped(event.tail))
-                elif isinstance(event, Round):  # once a verification, not a token: a select costs a syscall
+                elif isinstance(event, Round):  # once a verification, not a token
                     if self.gate.closing:
                         raise shutting_down(": generation stopped")
-                    if stop():
-                        return
-                    if newer():
-                        superseded = True
+                    if claim.left:
+                        superseded = claim.reason == "superseded"
+                        if not superseded:
+                            return
                         break
         except SpecdecError as e:
             raise ApiError(500 if not isinstance(e, UsageError) else 400, e.message) from None
-        except Left:  # --parallel: its client left during its prompt (a slot's decodes stop at once)
-            return
+        except Left:  # it left during its prompt (a slot's decodes stop at once)
+            if claim.reason != "superseded":
+                return
+            superseded = True
         finally:
             events.close()  # the engine's rollback, when it stopped early
         if fold.stats.stop_reason in ("eos", "max_tokens") and not (cut.ended or superseded):
-            self.session.remember(fold.tokens, req.cache_salt)  # (its namespace's: no other client drafts from it)
+            with slot.released() if slot is not None else nullcontext():  # (a file written: the others go on)
+                self.session.remember(fold.tokens, req.cache_salt)  # (its namespace's: no other client drafts from it)
         last, made = reader.end()
         yield from last
         yield _finished(fold, cut, made, superseded)

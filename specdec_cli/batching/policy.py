@@ -1,0 +1,93 @@
+"""A server's scheduling policy, as data: which of the parts waiting the next decode takes. `choose` is a pure
+function from the parts waiting (`Waiting`, as the slots' states say) to a `Step` record (vLLM's scheduler returns
+a SchedulerOutput); the rendezvous (rendezvous.py) hands parts over, asks, and decodes what it says.
+
+The rules, in order:
+- A draft's generating rows first: short decodes that their generation's next target step waits for (they then
+  join it). A draft reading a prompt is a prompt like the target's: it takes its turn.
+- Else the context whose first part has waited longest. One target context carries every slot's rows; in exact
+  mode each slot has its own, and a prompt's context takes its turn among those that generate instead of waiting
+  until all of them have ended.
+- In that context: every generating part (up to the rows it can output), then prompts' chunks while the batch has
+  room and the step's prompt budget lasts. The more urgent prompt first (an editor's, waited for at the keyboard),
+  unless another has gone AGING steps without a chunk (a flood of editors' requests does not starve a chat
+  turn); among equals the one served least recently, a prompt that has had no chunk yet counting as served when
+  it came (a stream of short prompts does not starve a long one). Only prompts of the first one's rank share a
+  step. At least one part goes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Mapping, Sequence
+
+from .claim import Priority
+
+AGING = 4  # steps a prompt may go without a chunk while more urgent prompts take them; then it ranks with them
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A part handed over, as the policy sees it."""
+
+    ctx: Hashable  # the context it decodes in
+    tokens: int
+    outputs: int  # logits rows it asks for
+    prompt: bool = False  # rows of its generation's prompt (the slot's state), else generating rows
+    draft: bool = False  # a draft's decode (else the target's)
+    priority: Priority = Priority.NORMAL
+    since: int = 0  # a prompt's: the step of its last chunk, or the step it came in, where it has had none
+    line: int = 0  # its place in the line of parts handed over: the smaller, the longer it has waited
+
+
+@dataclass(frozen=True)
+class Room:
+    """What one decode of a context can take."""
+
+    n_batch: int  # tokens
+    max_outputs: int  # logits rows
+
+
+@dataclass(frozen=True)
+class Step:
+    """The policy's answer: the context to decode and the parts it takes (indices into the waiting list)."""
+
+    ctx: Hashable
+    parts: tuple[int, ...]
+
+
+def choose(waiting: Sequence[Waiting], rooms: Mapping[Hashable, Room], now: int, budget: int) -> Step:
+    """The next step (module docstring): `now` is its number, `budget` the prompt tokens one step may take."""
+    if not waiting:
+        raise ValueError("nothing waits")
+    ctx = _context(waiting)
+    mine = [i for i, w in enumerate(waiting) if w.ctx == ctx]
+    room = rooms[ctx]
+    parts, outputs, tokens = [], 0, 0
+    for i in (i for i in mine if not waiting[i].prompt):  # (where many draft long, the rest go next step)
+        w = waiting[i]
+        if outputs + w.outputs <= room.max_outputs and tokens + w.tokens <= room.n_batch:
+            parts.append(i)
+            outputs, tokens = outputs + w.outputs, tokens + w.tokens
+    prompts = sorted((i for i in mine if waiting[i].prompt), key=lambda i: _rank(waiting[i], now))
+    for i in prompts:
+        w = waiting[i]
+        if _rank(w, now)[0] != _rank(waiting[prompts[0]], now)[0] or w.tokens > min(room.n_batch - tokens, budget):
+            break
+        if outputs + w.outputs > room.max_outputs:
+            break
+        parts.append(i)
+        outputs, tokens, budget = outputs + w.outputs, tokens + w.tokens, budget - w.tokens
+    return Step(ctx, tuple(parts or [prompts[0] if prompts else mine[0]]))
+
+
+def _context(waiting: Sequence[Waiting]) -> Hashable:
+    """A draft's generating rows' context where some wait, else the context whose first part came first."""
+    drafting = [w for w in waiting if w.draft and not w.prompt]
+    return min(drafting or waiting, key=lambda w: w.line).ctx
+
+
+def _rank(w: Waiting, now: int) -> tuple[int, int, int]:
+    """A prompt's place: its priority (the urgent's where it has starved), then the least recently served."""
+    starved = now - w.since >= AGING
+    return (Priority.URGENT if starved else w.priority), w.since, w.line

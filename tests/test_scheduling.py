@@ -1,0 +1,388 @@
+"""The server's one pool of slots, as a review found it wanting: each finding reproduced, as a property that fails
+without its fix. A failing part fails alone (a tree is bounded by the target's room); a freed slot goes to the head
+of the line; a client that left stops its prompt at the next chunk, streamed or not; auto prices a draft by the
+tokens at stake in its step (a chunk counts once), and a step teaches the shared curve once; a file read off the turn lets the other slots step;
+an exact-mode prompt takes its turn beside a neighbour's answer; the target's heads and hidden-state drafts draft
+in slots, each answer its answer alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import native_models as nm
+from conftest import config
+from test_parallel import Recorder, alone, drive, generation, handed_over, together
+
+from specdec_cli import prefixes
+from specdec_cli.batching.claim import Claim, Priority
+from specdec_cli.batching.policy import AGING
+from specdec_cli.batching.rendezvous import Part, Steps
+from specdec_cli.drafting.cost import Costs, Loaded, best_length
+from specdec_cli.engine.context import StepFigures
+from specdec_cli.engine.stats import Fold, collect
+from specdec_cli.run_inputs import Inputs
+from specdec_cli.serve import api, service as service_module
+from specdec_cli.serve.gate import Gate
+from specdec_cli.serve.service import Service
+from specdec_cli.session import RunConfig, open_session
+
+
+# --- 1. one part's failing decode fails that part alone -----------------------------------------------------------
+
+
+class Refuses(Recorder):
+    """A context whose decode refuses any batch holding a part of generation 9 (a slot whose share is full)."""
+
+    def decode_parts(self, parts):
+        if any(p.tokens[0] == 9 for p in parts):
+            raise RuntimeError("llama_decode failed: no KV slot")
+        return super().decode_parts(parts)
+
+
+def test_a_part_whose_decode_fails_fails_alone_and_the_others_in_its_step_get_their_rows():
+    steps, ctx, got, errors = Steps(), Refuses(), [], []
+
+    def failing():
+        with steps.joined():
+            try:
+                steps.decode(ctx, Part([9], [0], [(0,)], 0))
+            except RuntimeError as e:
+                errors.append(str(e))
+
+    bad = threading.Thread(target=failing)
+    good = generation(steps, ctx, 1, [1] * 3, got=got)
+    for t in (bad, good):
+        t.start()
+    handed_over(steps, 2)
+    drive(steps, [bad, good])
+    assert errors == ["llama_decode failed: no KV slot"]
+    assert got == [(1, 1)] * 3  # every decode of the other generation went through, its own rows back
+
+
+def test_a_tree_to_the_contexts_end_is_bounded_by_the_targets_room_alone_and_in_a_slot(models):
+    """The draft holds a window of the text, so its cache has room where the target has none: a tree as wide as the
+    draft's room wrote past the target's cells at the context's end (a 500 for its step's every request)."""
+    cfg = config(models, branches=4, draft_tokens=8, ctx_size=256, p_split=0.01)
+    prompt = "the quick brown fox jumps over the lazy dog " * 3
+    with open_session(cfg) as s:
+        r = collect(s.generate(s.prompt_tokens(prompt), Inputs(), max_tokens=1000))
+    assert r.stats.stop_reason == "context" and r.stats.tree_rounds > 0
+    out, steps = together(cfg, [prompt, "hello world"], 2, max_tokens=1000)  # a plain neighbour beside it
+    assert out[0].stats.stop_reason == "context" and out[0].tokens == r.tokens
+    assert out[1].tokens == alone(cfg, ["hello world"], max_tokens=1000)[0] and steps.shared > 0
+
+
+# --- 6. the gate: first come, first served --------------------------------------------------------------------------
+
+
+def test_a_freed_slot_goes_to_the_request_at_the_head_of_the_line_not_to_a_newcomer():
+    for _ in range(30):
+        assert _served_in_turn() == ["first", "waiter", "newcomer"]
+
+
+def _served_in_turn() -> list[str]:
+    """One slot held; a request waits for it; it frees as a newcomer arrives: the order they got it in."""
+    gate, order = Gate([_Slot()], queue=4), []
+    holding, release = threading.Event(), threading.Event()
+
+    def ask(name, hold=None):
+        with gate.admit(Claim()):
+            order.append(name)
+            if hold is not None:
+                holding.set()
+                hold.wait(10)
+
+    first = threading.Thread(target=ask, args=("first", release))
+    first.start()
+    holding.wait(10)
+    waiter = threading.Thread(target=ask, args=("waiter",))
+    waiter.start()
+    _until(lambda: len(gate._line) == 1)
+    release.set()
+    newcomer = threading.Thread(target=ask, args=("newcomer",))
+    newcomer.start()
+    for t in (first, waiter, newcomer):
+        t.join(10)
+    return order
+
+
+class _Slot:
+    """A slot as the gate hands it out (bind and release)."""
+
+    def bind(self, claim):
+        self.claim = claim
+
+    def release(self):
+        self.claim = None
+
+
+def _until(condition, timeout: float = 10.0) -> None:
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout
+        time.sleep(0.001)
+
+
+# --- 7. a client that left: its prompt stops at the next chunk, streamed or not -----------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_during_a_long_prompt_stops_it_at_the_next_chunk(models, monkeypatch, stream):
+    monkeypatch.setattr(service_module, "WATCH", 0.002)  # (its connection looked at often; each step slowed below)
+    slow = Steps._decode
+
+    def decode(ctx, parts):
+        time.sleep(0.05)  # a step of a larger model: many looks at the connection during one
+        slow(ctx, parts)
+
+    monkeypatch.setattr(Steps, "_decode", staticmethod(decode))
+    cfg = config(models, None, ctx_size=4096, lookup_cache=False)
+    with open_session(cfg, slots=1) as s:
+        service, stop = Service(s, "m", {"m"}, 1), threading.Event()
+        work = threading.Thread(target=service.work, args=(stop,))
+        work.start()
+        try:
+            req = api.parse("completion", {"prompt": "lorem ipsum dolor " * 150, "max_tokens": 4, "stream": stream})
+            tokens = service.tokens(req)
+            steps = service.pool.steps
+            assert len(tokens) > 6 * steps.chunk  # seven chunks and more
+            items = list(service.run(req, tokens, gone=lambda: steps.steps >= 2))
+        finally:
+            stop.set()
+            work.join(30)
+    assert steps.steps <= 3  # the chunk under way when it was seen to leave, no more
+    assert not any(type(i).__name__ == "Finished" for i in items)
+
+
+# --- a chat's next turn finds its last turn's slot -----------------------------------------------------------------
+
+
+def test_a_chats_next_turn_is_given_the_slot_that_holds_its_last_turn(models):
+    """Of the free slots the gate hands out the one whose cells serve most of the prompt (llama-server picks a slot
+    by its prompt's similarity): a turn sent after another client's request still reuses its last turn's cells."""
+    cfg = config(models, None, ctx_size=1024, lookup_cache=False)
+    with open_session(cfg, slots=2) as s:
+        service, stop = Service(s, "m", {"m"}, 1), threading.Event()
+        work = threading.Thread(target=service.work, args=(stop,))
+        work.start()
+
+        def ask(prompt: str) -> int:
+            req = api.parse("completion", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+            items = list(service.run(req, service.tokens(req), gone=lambda: False))
+            return next(i for i in items if type(i).__name__ == "Finished").cached
+
+        try:
+            first = "lorem ipsum dolor sit amet " * 8
+            assert ask(first) == 0
+            assert ask("a completely different request") == 0  # (in the other slot: it was free longest)
+            assert ask(first + "and more") >= len(service.tokens(api.parse("completion", {"prompt": first}))) - 2
+        finally:
+            stop.set()
+            work.join(30)
+
+
+# --- 8. auto prices a draft by the tokens at stake in its step; a step teaches the curve once ----------------------------
+
+
+class Step:
+    def __init__(self, own: int, rows: int, stake: int, seconds: float = 0.1, teaches: bool = True):
+        self.last_step = StepFigures(own, rows, seconds, stake, teaches)
+
+
+CPU = {1: 0.05, 2: 0.07, 4: 0.12, 8: 0.23, 16: 0.45, 64: 1.8, 128: 3.6, 256: 7.2, 512: 14.4}  # 1.5B, 2 cores
+
+
+def test_beside_a_prompts_chunk_a_draft_is_priced_by_the_tokens_at_stake_not_the_chunks_rows():
+    c = Costs(CPU, draft=0.005, n_max=512)
+    beside_chunk = Loaded(c, Step(own=1, rows=257, stake=2))  # its token and another request's 256-token chunk
+    k = best_length([0.9] * 8, beside_chunk, 0.005)[0]
+    assert k >= 4  # the step grows by 2%: drafting pays the drafting request about 4x its rate
+    as_rows = Loaded(c, Step(own=1, rows=257, stake=257))  # (what counting the chunk's rows would price)
+    assert best_length([0.9] * 8, as_rows, 0.005)[0] == 0
+
+
+def test_a_step_teaches_the_shared_curve_once_whatever_number_of_slots_it_carried():
+    shared, one = Costs(CPU, n_max=512), Costs(CPU, n_max=512)
+    figures = [StepFigures(2, 6, 0.5, 3, teaches) for teaches in (True, False, False)]  # the step named one teacher
+    for f in figures:  # three slots' rounds in one step of 6 rows that took 0.5 s (the curve says about 0.17)
+        Loaded(shared, _Last(f)).observe_verify(2, 0.6)
+    Loaded(one, _Last(figures[0])).observe_verify(2, 0.6)
+    assert shared.verify(6) == one.verify(6) != Costs(CPU, n_max=512).verify(6)  # learned once, as by one slot
+
+
+class _Last:
+    def __init__(self, figures: StepFigures):
+        self.last_step = figures
+
+
+def test_the_steps_name_one_teacher_a_step_among_the_generations_it_carried():
+    steps, ctx, figures = Steps(), Recorder(), []
+
+    def run(name):
+        with steps.joined():
+            for _ in range(4):
+                figures.append(steps.decode(ctx, Part([name] * 2, [0, 1], [(0,)] * 2, 0)).figures)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    handed_over(steps, 3)
+    drive(steps, threads)
+    assert steps.steps == 4 and steps.shared == 4  # every step carried all three
+    assert sum(f.teaches for f in figures) == steps.steps and all(f.stake == 5 for f in figures)
+
+
+# --- 10. a file read off the turn: the other slots step meanwhile -------------------------------------------------
+
+
+def test_a_prefix_restore_reads_its_files_off_the_turn_while_another_slot_generates(models, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_PREFIX_CACHE", str(tmp_path / "prefix-cache"))
+    cfg = config(models, ctx_size=2048, lookup_cache=False)
+    system = "the cache keeps a prompt so that a server restarted later reads it back " * 16
+    with open_session(cfg, slots=2) as s:
+        assert s.keep_prefixes(prefixes.MAX_BYTES, print) is None
+        steps = Steps()
+        a, b = s.open_slots(steps)
+        done: dict = {}
+
+        def ask(slot, prompt, key, **kw):
+            with steps.joined():
+                fold = Fold()
+                for event in s.generate(s.prompt_tokens(prompt), Inputs(reuse=True), slot, **kw):
+                    fold.add(event)
+                done[key] = fold
+
+        first = threading.Thread(target=ask, args=(b, system + "question one", "first"), kwargs=dict(max_tokens=4))
+        first.start()
+        drive(steps, [first])
+        s.keep_prompt()  # its blocks on disk (the server's idle turn)
+        reading, go = threading.Event(), threading.Event()
+        read = prefixes.blocks.read
+
+        def slow_read(path, limit):
+            reading.set()
+            assert go.wait(30), "the other slot never finished while this one read"
+            return read(path, limit)
+
+        monkeypatch.setattr(prefixes.blocks, "read", slow_read)
+        restoring = threading.Thread(target=ask, args=(a, system + "question two", "restored"), daemon=True)
+        restoring.start()
+        _until(reading.is_set)
+        other = threading.Thread(target=ask, args=(b, "hello world", "other"), kwargs=dict(max_tokens=8), daemon=True)
+        other.start()
+        drive(steps, [other])  # it generates its whole answer while the restore reads
+        go.set()
+        drive(steps, [restoring])
+    assert len(done["other"].tokens) == 8 and done["restored"].cached > 0
+
+
+# --- 3. exact mode: a prompt's context takes its turn beside a neighbour's answer ---------------------------------
+
+
+def test_in_exact_mode_a_long_prompt_is_answered_while_a_neighbour_still_generates(models):
+    cfg = config(models, None, exact=True, ctx_size=1024, lookup_cache=False)
+    with open_session(cfg, slots=2) as s:
+        steps = Steps(chunk=64)
+        a, b = s.open_slots(steps)
+        ended: dict = {}
+
+        def ask(slot, prompt, key, kw):
+            with steps.joined():
+                tokens = s.prompt_tokens(prompt)
+                ended[key] = (
+                    len(tokens),
+                    collect(s.generate(tokens, Inputs(), slot, **kw)).stats.generated_tokens,
+                    steps.steps,
+                )
+
+        long_answer = threading.Thread(target=ask, args=(a, "once upon a time", "answer", dict(max_tokens=300)))
+        long_answer.start()
+        _until(lambda: steps.running == 1 and len(steps._waiting) == 1)
+        steps.step(1)  # it generates
+        prompt = threading.Thread(
+            target=ask, args=(b, "lorem ipsum dolor sit amet " * 20, "prompt", dict(max_tokens=1))
+        )
+        prompt.start()
+        drive(steps, [long_answer, prompt], timeout=120)
+    (n_prompt, _, prompt_end), (_, n_answer, answer_end) = ended["prompt"], ended["answer"]
+    assert n_prompt > 8 * 64 and n_answer > 40  # a prompt of many chunks; an answer of more steps
+    assert prompt_end < answer_end  # its chunks took turns with the answer's steps, not after its end
+
+
+# --- heads and hidden-state drafts under slots -------------------------------------------------------------------
+
+
+PROMPTS = ["hello world " * 3, "the quick brown fox", "a b c d e f g", "lorem ipsum dolor sit amet " * 12]
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_the_targets_mtp_heads_draft_in_slots_and_each_answer_is_its_answer_alone(models, exact):
+    """Exact mode: each answer is its answer alone. Fast mode: this fixture's F32 rows differ by a batch's shape (its
+    first prompt parts from a lone run's with --drafter none too), so there the heads draft, are accepted and share
+    steps, every round's caches checked (debug)."""
+    cfg = config(models, None, target=models["mtp"], drafter="mtp", draft_tokens=3, exact=exact)
+    out, steps = together(cfg, PROMPTS, 3, max_tokens=32)
+    if exact:
+        assert [out[i].tokens for i in range(len(PROMPTS))] == alone(cfg, PROMPTS, max_tokens=32)
+    else:
+        assert steps.shared > 0
+    mine = [out[i].stats.by_drafter["mtp"] for i in out]
+    assert all(m.drafted > 0 for m in mine) and sum(m.accepted for m in mine) > 0
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    return nm.write_native_set(tmp_path_factory.mktemp("native"))
+
+
+@pytest.mark.parametrize("arch", ["eagle3", "dflash"])
+def test_a_hidden_state_draft_drafts_in_slots_and_each_answer_is_its_answer_alone(native, arch):
+    cfg = RunConfig(target=native["counter"], draft=native[arch], drafter=arch, draft_tokens=4, threads=2,
+                    ctx_size=512, debug=True)  # fmt: skip
+    prompts = ["abcdefghijkl", "Hello, world", "xyz", "0123456789" * 3]
+    out, steps = together(cfg, prompts, 3, max_tokens=32)
+    assert [out[i].tokens for i in range(len(prompts))] == alone(cfg, prompts, max_tokens=32)
+    drafted = [out[i].stats.by_drafter[arch] for i in out]
+    assert all(d.drafted > 0 and d.accepted > 0 for d in drafted) and steps.shared > 0
+
+
+def test_urgent_prompts_chunks_go_first_in_a_real_session(models):
+    """The parts' kinds come from the slots' states (a prompt's rows before its last token), not their sizes."""
+    cfg = config(models, None, ctx_size=1024, lookup_cache=False)
+    prompt = "lorem ipsum dolor sit amet " * 12
+    with open_session(cfg, slots=2) as s:
+        steps = Steps(chunk=32)
+        a, b = s.open_slots(steps)
+        order: list = []
+        kinds = []
+        real = Steps._choose
+
+        def choose(self):
+            ctx, parts = real(self)
+            kinds.append([(p.priority, p.prompt) for p in parts])
+            return ctx, parts
+
+        Steps._choose = choose
+        try:
+            for slot, priority in ((a, Priority.NORMAL), (b, Priority.URGENT)):
+                slot.bind(Claim(priority, order=len(order)))
+                order.append(slot)
+
+            def ask(slot):
+                with steps.joined():
+                    collect(s.generate(s.prompt_tokens(prompt), Inputs(), slot, max_tokens=2))
+
+            threads = [threading.Thread(target=ask, args=(slot,)) for slot in order]
+            for t in threads:
+                t.start()
+            handed_over(steps, 2)
+            drive(steps, threads)
+        finally:
+            Steps._choose = real
+    prompt_steps = [[pr for pr, p in k if p] for k in kinds if any(p for _, p in k)]
+    assert len(prompt_steps) >= 6  # each prompt's chunks were prompt parts (the slots' states say so)
+    assert prompt_steps[0] == [Priority.URGENT]  # the urgent prompt's chunk first, though the other came first
+    normal = [i for i, k in enumerate(prompt_steps) if Priority.NORMAL in k]
+    assert normal and normal[0] <= AGING  # and the other, starved AGING steps, had its chunk then
