@@ -48,7 +48,3 @@ class Claim:
     @property
     def left(self) -> bool:
         return self._left.is_set()
-
-    def wait(self, timeout: float) -> bool:
-        """Until it leaves or `timeout` seconds pass: whether it left."""
-        return self._left.wait(timeout)

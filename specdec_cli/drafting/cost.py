@@ -224,21 +224,15 @@ class Loaded(Costs):
     def draft_batch(self, n: int) -> float:
         return self.costs.draft_batch(n) * self.waiting
 
-    @property
-    def draft(self) -> float | None:
-        return None if self.costs.draft is None else self.costs.draft * self.waiting
+    def _scaled(self, name: str) -> float | None:
+        """One of the draft's figures, as the others in its step wait for it (None: not measured)."""
+        seconds = getattr(self.costs, name)
+        return None if seconds is None else seconds * self.waiting
 
-    @property
-    def draft_catch_up(self) -> float | None:
-        return None if self.costs.draft_catch_up is None else self.costs.draft_catch_up * self.waiting
-
-    @property
-    def draft_prefill(self) -> float | None:
-        return None if self.costs.draft_prefill is None else self.costs.draft_prefill * self.waiting
-
-    @property
-    def draft_load(self) -> float | None:
-        return None if self.costs.draft_load is None else self.costs.draft_load * self.waiting
+    draft = property(lambda self: self._scaled("draft"))
+    draft_catch_up = property(lambda self: self._scaled("draft_catch_up"))
+    draft_prefill = property(lambda self: self._scaled("draft_prefill"))
+    draft_load = property(lambda self: self._scaled("draft_load"))
 
     @property
     def draft_source(self) -> str | None:

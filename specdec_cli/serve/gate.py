@@ -71,10 +71,6 @@ class Gate:
                 self._free.append(slot)
                 self._cond.notify_all()
 
-    @property
-    def running(self) -> int:
-        return self.slots - len(self._free)
-
     def _retry_after(self) -> int:
         """When a place is likely free: the waiting requests' turns, `slots` at a time, at the mean generation's time."""
         return max(1, round(self._seconds * (len(self._line) + 1) / self.slots))
