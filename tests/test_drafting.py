@@ -10,6 +10,9 @@ from conftest import run_engine, same_distribution, sample_counts
 from specdec_cli.drafting.auto import AutoDrafter
 from specdec_cli.drafting.cost import Costs, best_length, expected_tokens
 from specdec_cli.engine.drafter import Draft, Outcome
+from specdec_cli.engine.events import Round
+from specdec_cli.engine.stats import collect
+from specdec_cli.run_inputs import Inputs
 from specdec_cli.drafting.lookup import LookupDrafter
 from specdec_cli.drafting.matches import longest_match
 from specdec_cli.engine.sampling import Sampler
@@ -312,9 +315,12 @@ def test_model_rounds_report_the_draft_entropy(open_pair):
     assert 0.0 < d.entropy / d.entropy_rounds <= np.log(260)  # at most log(vocabulary)
     assert stats.as_dict()["by_drafter"]["model"]["mean_entropy"] > 0
     for kw in ({"p_min": 0.01}, {"temp": 0.8}):  # p-min reads every row's, as sampling computes every row's q
-        _, stats, _ = run_engine(open_pair("draft", drafter="model", max_tokens=20, **kw), "hello", draft_tokens=3)
-        d = stats.by_drafter["model"]
-        assert d.entropy_rounds == d.rounds > 0
+        s = open_pair("draft", drafter="model", max_tokens=20, **kw)
+        rounds = []
+        r = collect(s.generate(s.prompt_tokens("hello"), Inputs(), draft_tokens=3), on_event=rounds.append)
+        # Every round that drafted a token has its entropy (the last may draft none: one token left to emit).
+        drafting = sum(1 for e in rounds if isinstance(e, Round) and e.drafter == "model" and e.drafted > 0)
+        assert r.stats.by_drafter["model"].entropy_rounds == drafting > 0
 
 
 def test_lookup_sampling_matches_target_only_distribution(open_pair):
