@@ -234,6 +234,30 @@ def test_the_steps_name_one_teacher_a_step_among_the_generations_it_carried():
     assert sum(f.teaches for f in figures) == steps.steps and all(f.stake == 5 for f in figures)
 
 
+def test_a_first_round_after_prompts_read_together_is_priced_by_the_step_of_one_row_each_that_follows():
+    """Four requests' prompts read in one step: each one's first round joins a step of four rows (a token each),
+    not of the prompts' rows; priced by the prompt step's rows, drafting looked cheap beside three prompts and every
+    request drafted (and read its prompt into the draft) where beside three generating rows it does not pay."""
+    steps, ctx, figures = Steps(), Recorder(), []
+
+    def run(name):
+        with steps.joined():
+            figures.append(
+                steps.decode(ctx, Part([name] * 30, list(range(30)), [(0,)] * 30, 29, prompt=True, ends=True)).figures
+            )
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    handed_over(steps, 4)
+    drive(steps, threads)
+    assert steps.steps == 1 and [(f.rows, f.beside, f.stake) for f in figures] == [(120, 3, 4)] * 4
+    c = Costs(CPU, draft=0.005, n_max=512)
+    assert best_length([0.9] * 8, Loaded(c, _Last(figures[0])), 0.005)[0] == 0  # as beside three generating rows
+    assert best_length([0.9] * 8, Loaded(c, Step(own=1, rows=4, stake=4)), 0.005)[0] == 0
+    assert best_length([0.9] * 8, Loaded(c, Step(own=30, rows=120, stake=4)), 0.005)[0] > 0  # (the prompt step's rows)
+
+
 # --- 10. a file read off the turn: the other slots step meanwhile -------------------------------------------------
 
 
@@ -349,19 +373,21 @@ def test_a_hidden_state_draft_drafts_in_slots_and_each_answer_is_its_answer_alon
 
 
 def test_urgent_prompts_chunks_go_first_in_a_real_session(models):
-    """The parts' kinds come from the slots' states (a prompt's rows before its last token), not their sizes."""
+    """The parts' kinds come from the slots' states (a prompt's rows before its last token), not their sizes; a
+    prompt's last chunk is marked as such."""
     cfg = config(models, None, ctx_size=1024, lookup_cache=False)
     prompt = "lorem ipsum dolor sit amet " * 12
     with open_session(cfg, slots=2) as s:
         steps = Steps(chunk=32)
         a, b = s.open_slots(steps)
         order: list = []
-        kinds = []
+        kinds, ends = [], []
         real = Steps._choose
 
         def choose(self):
             ctx, parts = real(self)
             kinds.append([(p.priority, p.prompt) for p in parts])
+            ends.extend((p.order, p.ends) for p in parts if p.prompt and not p.draft)
             return ctx, parts
 
         Steps._choose = choose
@@ -386,3 +412,6 @@ def test_urgent_prompts_chunks_go_first_in_a_real_session(models):
     assert prompt_steps[0] == [Priority.URGENT]  # the urgent prompt's chunk first, though the other came first
     normal = [i for i, k in enumerate(prompt_steps) if Priority.NORMAL in k]
     assert normal and normal[0] <= AGING  # and the other, starved AGING steps, had its chunk then
+    for o in range(2):  # each prompt's last chunk says so (auto prices its first round by the step of rows after it)
+        chunks = [e for order_, e in ends if order_ == o]
+        assert len(chunks) >= 3 and chunks[-1] and not any(chunks[:-1])

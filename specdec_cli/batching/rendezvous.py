@@ -48,6 +48,7 @@ class Part(Rows):
     its claim: slot_context.py)."""
 
     prompt: bool = False  # rows of its generation's prompt
+    ends: bool = False  # a prompt's part that reads its last token: its generation makes tokens next
     draft: bool = False  # a draft's decode
     priority: Priority = Priority.NORMAL
     order: int = 0  # its generation's ticket
@@ -179,8 +180,9 @@ class Steps:
         self.seconds += seconds
         teacher = next((p for p in parts if not p.prompt and not p.draft), None)
         stake = sum(_stake(p) for p in parts)  # (cost.py's Loaded: the tokens the step was to make)
+        ahead = sum(_ahead(p) for p in parts)
         for p in parts:
-            p.figures = StepFigures(p.size, n, seconds, stake - _stake(p) + 1, p is teacher)
+            p.figures = StepFigures(p.size, n, seconds, stake - _stake(p) + 1, p is teacher, ahead - _ahead(p))
             p.done.set()
         return True
 
@@ -245,6 +247,14 @@ class Steps:
         self._since[order] = self.steps
         if len(self._since) > REMEMBERED:
             self._since.popitem(last=False)
+
+
+def _ahead(p: Part) -> int:
+    """A part's rows as its generation hands them over next: a prompt's last chunk is followed by one row a step (its
+    first token: four requests' prompts read in one step make a step of four rows next, not of their prompts' rows,
+    and auto priced its first round beside them as cheap: it drafted where the old server did not, 0.88x the rate and
+    TTFT 1.9x with 4 clients); anything else, about its rows now (a prompt's next chunk, a generation's next round)."""
+    return 1 if p.prompt and p.ends else p.size
 
 
 def _stake(p: Part) -> int:

@@ -83,6 +83,7 @@ class SlotContext:
             rows.first_out,
             rows.embd,
             prompt=prompt,
+            ends=prompt and max(rows.pos) >= slot.prompt_end - 2,  # (the last token goes with the first round)
             draft=draft,
             priority=claim.priority,
             order=claim.order,

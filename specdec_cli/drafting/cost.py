@@ -175,9 +175,9 @@ class Costs:
 
 
 class Loaded(Costs):
-    """Costs as one of several generations that share each decode (a server's slots) sees them. Where its last step
-    carried r rows besides its own token, drafting n - 1 tokens adds t(r + n) - t(r + 1) to the step, and what the
-    step was to make waits that long: q tokens at stake, its own next one, each other generating row (a token it
+    """Costs as one of several generations that share each decode (a server's slots) sees them. Where its next step
+    carries r rows besides its own token (as its last step foretells them: StepFigures.beside), drafting n - 1
+    tokens adds t(r + n) - t(r + 1) to the step, and what the step was to make waits that long: q tokens at stake, its own next one, each other generating row (a token it
     may make), and a prompt's chunk as one (its rows make no token: its request waits like one generation). Drafting
     pays the step where it adds tokens faster than the step's own rate q / t(r + 1); alone a round pays where
     E / t(n) beats 1 / t(1). Its rounds are weighed so, as if alone, at t'(n) = t(1) + W (t(r + n) - t(r + 1)) with
@@ -203,7 +203,7 @@ class Loaded(Costs):
     def _load(self) -> tuple[float, float]:
         """(r: rows besides its own token, W: the weight of a row added to the step)."""
         f, c = self.step.last_step, self.costs
-        r = max(f.rows - f.own, 0)
+        r = f.beside
         if not r:
             return 0, 1.0
         return r, max(f.stake, 1) * c.verify(1) / float(c.beyond(np.asarray(r + 1)))

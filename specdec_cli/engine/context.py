@@ -21,6 +21,14 @@ class StepFigures:
     seconds: float = 0.0
     stake: int = 1  # the tokens that wait on it: its own next one, each other generating row, a prompt's chunk as one
     teaches: bool = True  # the one part of the decode whose run may learn the decode's cost (once a decode)
+    # The others' rows in the step its generation joins next, as this one foretells them (None: this step's): a
+    # prompt's last chunk is followed by the one row a step its generation then makes.
+    ahead: int | None = None
+
+    @property
+    def beside(self) -> int:
+        """The rows a draft's rows would be added beside in the next step: the others'."""
+        return max(self.rows - self.own, 0) if self.ahead is None else self.ahead
 
 
 ALONE = StepFigures()
