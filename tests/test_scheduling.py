@@ -376,7 +376,7 @@ def test_urgent_prompts_chunks_go_first_in_a_real_session(models):
     """The parts' kinds come from the slots' states (a prompt's rows before its last token), not their sizes; a
     prompt's last chunk is marked as such."""
     cfg = config(models, None, ctx_size=1024, lookup_cache=False)
-    prompt = "lorem ipsum dolor sit amet " * 12
+    prompt = "lorem ipsum dolor sit amet " * 24  # (more chunks than AGING: the other's chunk comes by aging)
     with open_session(cfg, slots=2) as s:
         steps = Steps(chunk=32)
         a, b = s.open_slots(steps)

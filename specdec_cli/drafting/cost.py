@@ -176,16 +176,16 @@ class Costs:
 
 class Loaded(Costs):
     """Costs as one of several generations that share each decode (a server's slots) sees them. Where its next step
-    carries r rows besides its own token (as its last step foretells them: StepFigures.beside), drafting n - 1
-    tokens adds t(r + n) - t(r + 1) to the step, and what the step was to make waits that long: q tokens at stake, its own next one, each other generating row (a token it
-    may make), and a prompt's chunk as one (its rows make no token: its request waits like one generation). Drafting
-    pays the step where it adds tokens faster than the step's own rate q / t(r + 1); alone a round pays where
-    E / t(n) beats 1 / t(1). Its rounds are weighed so, as if alone, at t'(n) = t(1) + W (t(r + n) - t(r + 1)) with
-    W = q t(1) / t(r + 1): t(n) itself alone. Counting a chunk's rows as tokens at stake made a 256-token prompt chunk
-    beside it look like 256 tokens waiting, and auto drafted nothing where drafting would have given the drafting
-    request about 4x its rate for 2% on the step; counting generations instead of their rows undercounts a step of
-    drafting neighbours (4 slots each verifying 4 rows), and drafts grew the step past what they paid: 4 clients
-    measured 0.77x. A draft's decodes are steps the others wait for too: its figures by the same factor.
+    carries r rows besides its own token (as its last step foretells them: StepFigures.beside), drafting n - 1 tokens
+    adds t(r + n) - t(r + 1) to the step, and what the step was to make waits that long: q tokens at stake, its own next
+    one, each other generating row (a token it may make), and a prompt's chunk as one (its rows make no token: its
+    request waits like one generation). Drafting pays the step where it adds tokens faster than the step's own rate q /
+    t(r + 1); alone a round pays where E / t(n) beats 1 / t(1). Its rounds are weighed so, as if alone, at t'(n) = t(1)
+    + W (t(r + n) - t(r + 1)) with W = q t(1) / t(r + 1): t(n) itself alone. Counting a chunk's rows as tokens at stake
+    made a 256-token prompt chunk beside it look like 256 tokens waiting, and auto drafted nothing where drafting would
+    have given the drafting request about 4x its rate for 2% on the step; counting generations instead of their rows
+    undercounts a step of drafting neighbours (4 slots each verifying 4 rows), and drafts grew the step past what they
+    paid: 4 clients measured 0.77x. A draft's decodes are steps the others wait for too: its figures by the same factor.
 
     In exact mode each slot decodes in a context of its own, one slot a step: a step carries its own rows alone,
     and t'(n) = t(n). Its drafts delay the others' steps by t(n) - t(1) a cycle, but over a cycle of every slot's
