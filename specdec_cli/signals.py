@@ -22,6 +22,8 @@ from typing import Callable, Iterator
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[int] = []  # the signals seen during this run, first one first
 _again = [False]  # a later signal raises too (second_stops)
+_holding = [0]  # how deep in held() blocks the main thread is
+_deferred: list[int] = []  # the signal that came during one, raised as the outermost ends
 
 
 class Interrupted(BaseException):
@@ -61,6 +63,9 @@ def _handler(signum: int, frame) -> None:
         return
     _received.append(signum)
     if len(_received) == 1 or _again[0]:
+        if _holding[0]:
+            _deferred.append(signum)
+            return
         raise Interrupted(signum)
 
 
@@ -106,6 +111,7 @@ def install() -> Callable[[], None]:
     """Handle the signals for one run; returns the function that puts the previous handlers back
     (for callers that go on; the console entry point instead calls `over` and exits)."""
     _received.clear()
+    _deferred.clear()
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         return lambda: None
     previous = {s: signal.signal(s, _handler) for s in HANDLED}
@@ -122,15 +128,22 @@ def install() -> Callable[[], None]:
 @contextmanager
 def held() -> Iterator[None]:
     """A signal waits until the block is done: the final output (the JSON, the statistics, the bench
-    files) is written whole, and the interruption applies right after."""
+    files) is written whole, a server's slot thread is started and counted, and the interruption applies
+    right after. Held here, in the handler, not by masking the signal: the kernel hands a signal the main
+    thread masks to another thread (the watchdog, a server's), and the interpreter still runs the handler on
+    the main thread, inside the block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    _holding[0] += 1
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _holding[0] -= 1
+    if not _holding[0] and _deferred:  # (an exception leaving the block goes on instead: the run ends anyway)
+        signum = _deferred[0]
+        _deferred.clear()
+        raise Interrupted(signum)
 
 
 @contextmanager

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -400,6 +401,30 @@ def test_a_signal_that_lands_in_an_import_is_raised_once_the_import_is_done(tmp_
     finally:
         restore()
         sys.modules.pop("swallowing", None)
+
+
+def test_a_signal_sent_during_a_held_block_is_raised_after_it_even_with_other_threads_running():
+    """What `held` guards (a result written whole, a server's slot thread started and counted: a stop's join
+    raised on a thread counted but not started) must not be cut. A signal sent to the process while another
+    thread runs: masking it on the main thread only sent it to that thread, and the handler still ran inside."""
+    from specdec_cli import signals
+
+    quiet = threading.Event()
+    other = threading.Thread(target=quiet.wait, daemon=True)
+    other.start()
+    restore = signals.install()
+    done = []
+    try:
+        with pytest.raises(signals.Interrupted):
+            with signals.held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.3)  # the handler had its chance here
+                done.append("the whole block")
+            time.sleep(5)  # raised as the block ends: this is cut short
+        assert done == ["the whole block"] and signals.exit_code() == 143
+    finally:
+        restore()
+        quiet.set()
 
 
 def test_a_signal_while_loading_is_one_line_and_its_exit_code(capsys, models, monkeypatch):

@@ -7,9 +7,13 @@ in slots, each answer its answer alone."""
 
 from __future__ import annotations
 
+import os
+import queue
+import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 import native_models as nm
 from conftest import config
@@ -415,3 +419,33 @@ def test_urgent_prompts_chunks_go_first_in_a_real_session(models):
     for o in range(2):  # each prompt's last chunk says so (auto prices its first round by the step of rows after it)
         chunks = [e for order_, e in ends if order_ == o]
         assert len(chunks) >= 3 and chunks[-1] and not any(chunks[:-1])
+
+
+# --- a stop that lands as a slot's thread starts ------------------------------------------------------------------
+
+
+def test_a_stop_that_lands_as_a_slot_thread_starts_ends_the_server_cleanly(monkeypatch):
+    """A SIGTERM that landed while the pool started a generation's thread left a thread counted and not started, and
+    the stop's join raised "cannot join thread before it is started" (a CI run: exit 1 where 0 was due). Here the
+    signal is sent as the thread is about to start: the server must stop with the signal, the generation run out."""
+    from specdec_cli import signals
+    from specdec_cli.serve.jobs import Job
+    from specdec_cli.serve.pool import Pool
+
+    start = threading.Thread.start
+
+    def signalled(thread):
+        if thread.name == "specdec-slot":
+            os.kill(os.getpid(), signal.SIGTERM)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", signalled)
+    job, jobs = Job(lambda: iter(["an item"]), Claim()), queue.Queue()
+    jobs.put(job)
+    restore = signals.install()
+    try:
+        with pytest.raises(signals.Interrupted):
+            Pool(Steps()).work(threading.Event(), jobs, lambda: None)
+        assert job.done.is_set() and job.out.get_nowait() == "an item"
+    finally:
+        restore()

@@ -8,7 +8,7 @@ import queue
 import threading
 from typing import Callable
 
-from .. import ui
+from .. import signals, ui
 from ..batching.rendezvous import Steps
 from .jobs import Job, shutting_down
 
@@ -24,9 +24,11 @@ class Pool:
     def start(self, job: Job) -> None:
         """The job on a thread of its own (in the slot its claim holds)."""
         thread = threading.Thread(target=self._run, args=(job,), name="specdec-slot", daemon=True)
-        with self._lock:
+        # A signal that landed between the two would leave a counted thread that never starts (or one that runs
+        # uncounted), and the stop's join would raise: held, it lands after.
+        with signals.held(), self._lock:
             self._threads.add(thread)
-        thread.start()
+            thread.start()
 
     def _run(self, job: Job) -> None:
         try:
