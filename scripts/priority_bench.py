@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""An editor's fill-in-the-middle request while another client's long prompt is being read: its time to first token,
-against the same request alone (issue 49's measure).
+"""An editor's fill-in-the-middle request while another client's long prompt is being read: its time to first token
+and to its whole answer, against the same request alone (issue 49's measure).
 
     python scripts/priority_bench.py --rounds 3 -- -t 2 -c 12288
 
@@ -11,7 +11,8 @@ round sends the /infill request (a prefix of about --prefix tokens of this proje
 asked, `cache_prompt` off) alone, then again --delay seconds after a streamed chat request whose prompt is about
 --long tokens of code (also `cache_prompt` off) was sent, whose client then leaves (the server stops its prompt at
 the next chunk; with one slot the /infill waits for that chunk and the long prompt's end alike); the order of the two alternates round by round. Prints the medians: TTFT alone,
-TTFT beside the long prompt, their difference, and the /infill prompt's length as the server counted it.
+TTFT beside the long prompt, their difference, the same for the whole answer (an editor waits for all of it), and the
+/infill prompt's length as the server counted it.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def post(url: str, body: dict):
     return urllib.request.urlopen(req, timeout=3600)
 
 
-def infill(base: str, prefix: str) -> tuple[float, int]:
-    """(time to its first piece of text, prompt tokens) of one streamed /infill request."""
+def infill(base: str, prefix: str) -> tuple[float, float, int]:
+    """(time to its first piece of text, to its whole answer, prompt tokens) of one streamed /infill request."""
     t0, first, prompt_n = time.perf_counter(), None, 0
     body = {"input_prefix": prefix, "input_suffix": "\n    return result\n", "n_predict": 16, "stream": True}
     with post(base + "/infill", {**body, "cache_prompt": False}) as r:
@@ -62,7 +63,8 @@ def infill(base: str, prefix: str) -> tuple[float, int]:
             if first is None and event.get("content"):
                 first = time.perf_counter() - t0
             prompt_n = event.get("timings", {}).get("prompt_n", prompt_n)
-    return first or time.perf_counter() - t0, prompt_n
+    whole = time.perf_counter() - t0
+    return first or whole, whole, prompt_n
 
 
 def open_long(server: Server, text: str):
@@ -74,38 +76,44 @@ def open_long(server: Server, text: str):
     return conn, conn.getresponse()
 
 
-def beside(server: Server, base: str, prefix: str, long_text: str, delay: float, wait: bool) -> tuple[float, int]:
-    """The /infill request sent `delay` seconds after the long chat prompt: (its TTFT, its prompt tokens). Then the
+def beside(server: Server, base: str, prefix: str, long_text: str, delay: float, wait: bool):
+    """The /infill request sent `delay` seconds after the long chat prompt: what `infill` says of it. Then the
     long one's client leaves (the server stops its prompt at its next chunk), or, `wait`, reads it to its end."""
     conn, r = open_long(server, long_text)
     time.sleep(delay)
-    ttft, n = infill(base, prefix)
+    got = infill(base, prefix)
     if wait:
         r.read()
     else:
         conn.sock.shutdown(socket.SHUT_RDWR)
         time.sleep(LEAVE_SECONDS)  # (it stops at its next keep-alive write and chunk)
     conn.close()
-    return ttft, n
+    return got
 
 
 def measure(server: Server, a, prefix: str, long_text: str, label: str) -> dict:
     base = server.url.removesuffix("/v1")
     infill(base, prefix[:200])  # warm-up
-    alone, loaded, prefix_n = [], [], 0
+    alone, loaded, prefix_n = [], [], 0  # (TTFT, whole answer) each
     for r in range(a.rounds):
         for kind in ("alone", "beside") if r % 2 == 0 else ("beside", "alone"):
             if kind == "alone":
-                ttft, prefix_n = infill(base, prefix)
-                alone.append(ttft)
+                ttft, whole, prefix_n = infill(base, prefix)
+                alone.append((ttft, whole))
             else:
-                ttft, prefix_n = beside(server, base, prefix, long_text, a.delay, wait=label == "serial")
-                loaded.append(ttft)
-            print(f"[{label} round {r + 1}/{a.rounds}] {kind}: TTFT {ttft:.2f} s", file=sys.stderr)
+                ttft, whole, prefix_n = beside(server, base, prefix, long_text, a.delay, wait=label == "serial")
+                loaded.append((ttft, whole))
+            print(
+                f"[{label} round {r + 1}/{a.rounds}] {kind}: TTFT {ttft:.2f} s, answer {whole:.2f} s", file=sys.stderr
+            )
+    med = lambda xs: round(statistics.median(xs), 3)  # noqa: E731
     return {
-        "ttft_alone": round(statistics.median(alone), 3),
-        "ttft_beside_long_prompt": round(statistics.median(loaded), 3),
-        "difference": round(statistics.median(b - x for b, x in zip(loaded, alone)), 3),
+        "ttft_alone": med(t for t, _ in alone),
+        "ttft_beside_long_prompt": med(t for t, _ in loaded),
+        "difference": med(b[0] - x[0] for b, x in zip(loaded, alone)),
+        "answer_alone": med(w for _, w in alone),
+        "answer_beside_long_prompt": med(w for _, w in loaded),
+        "answer_difference": med(b[1] - x[1] for b, x in zip(loaded, alone)),
         "infill_prompt_tokens": prefix_n,
     }
 

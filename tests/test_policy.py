@@ -12,9 +12,9 @@ URGENT, NORMAL = Priority.URGENT, Priority.NORMAL
 ROOMS = {"t": Room(n_batch=512, max_outputs=40), "d": Room(n_batch=512, max_outputs=40)}
 
 
-def gen(line: int, tokens: int = 1, ctx: str = "t", draft: bool = False) -> Waiting:
+def gen(line: int, tokens: int = 1, ctx: str = "t", draft: bool = False, priority=NORMAL) -> Waiting:
     """A generating part (its next token or its draft to verify)."""
-    return Waiting(ctx, tokens, tokens, draft=draft, line=line)
+    return Waiting(ctx, tokens, tokens, draft=draft, priority=priority, line=line)
 
 
 def prompt(line: int, tokens: int, since: int, priority=NORMAL, ctx: str = "t", draft: bool = False) -> Waiting:
@@ -41,6 +41,19 @@ def test_a_flood_of_urgent_prompts_does_not_starve_a_normal_one():
         flood = [prompt(10 + now, 64, since=now, priority=URGENT)]
         assert choose([chat, *flood], ROOMS, now=now, budget=64).parts == (1,)
     assert choose([chat, prompt(99, 64, since=AGING, priority=URGENT)], ROOMS, now=AGING, budget=64).parts == (0,)
+
+
+def test_an_editors_answer_goes_without_a_less_urgent_prompts_chunk_until_that_one_has_aged():
+    """An editor's /infill answer beside a chat prompt: each of its tokens waited for a step that also read 256 of the
+    chat prompt's tokens (2 s on 2 cores: 16 tokens took 70 s). Its steps go without the chunk; the chat prompt
+    still gets one every AGING steps, and beside a chat's answer (as urgent as it) a chunk goes as before."""
+    chat = prompt(0, 256, since=0)
+    for now in range(AGING):
+        assert choose([chat, gen(1, priority=URGENT)], ROOMS, now=now, budget=256).parts == (1,)
+    assert choose([chat, gen(1, priority=URGENT)], ROOMS, now=AGING, budget=256).parts == (1, 0)
+    assert choose([chat, gen(1)], ROOMS, now=1, budget=256).parts == (1, 0)
+    editor = prompt(2, 256, since=1, priority=URGENT)  # an editor's prompt beside an editor's answer: read as before
+    assert choose([editor, gen(1, priority=URGENT)], ROOMS, now=1, budget=256).parts == (1, 0)
 
 
 def test_a_stream_of_short_prompts_does_not_starve_a_long_one():

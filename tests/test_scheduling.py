@@ -262,6 +262,83 @@ def test_a_first_round_after_prompts_read_together_is_priced_by_the_step_of_one_
     assert best_length([0.9] * 8, Loaded(c, Step(own=30, rows=120, stake=4)), 0.005)[0] > 0  # (the prompt step's rows)
 
 
+class _Behind:
+    """A draft model `lag` tokens behind the text (1,500: an editor's prompt it has not read): a round it drafts is
+    recorded, not made."""
+
+    name, failed, per_round, opened, window = "model", False, False, True, 2048
+
+    def __init__(self, lag: int):
+        self.drafted, self._lag = 0, lag
+
+    def loaded(self):
+        return True
+
+    def take_notice(self):
+        return None
+
+    def prefill(self, tokens):
+        pass
+
+    def lag(self, committed, k, size):
+        return self._lag
+
+    def propose(self, committed, k, sampler, rng, policy):
+        self.drafted += 1
+        raise _Drafted
+
+
+class _Drafted(Exception):
+    pass
+
+
+REAL = {1: 0.076, 2: 0.115, 4: 0.168, 8: 0.233, 16: 0.242, 256: 1.85}  # the 1.5B's curve as kept here (AMX)
+MEASURED = {1: 0.095, 2: 0.13, 4: 0.18, 8: 0.3, 16: 0.34, 64: 0.6, 128: 0.95, 256: 1.85, 512: 3.8}  # the 1.5B, 2 cores
+
+
+def _drafts(costs, lag: int, answered: int, learned: tuple[float, float] | None = None) -> bool:
+    """Whether auto drafts with a model `lag` tokens behind, `answered` tokens into the answer (`learned`: its
+    acceptance as learned so far, hits and rounds; None: the prior)."""
+    from specdec_cli.drafting.auto import AutoDrafter, Rate
+    from specdec_cli.engine.sampling import Sampler
+
+    model, prompt = _Behind(lag), list(range(1000, 2551))
+    auto = AutoDrafter(costs, None, model, max_tokens=256)
+    if learned is not None:
+        auto.model_rate = Rate(*learned)
+    auto.prefill(prompt[:-1])
+    try:
+        auto.propose(prompt + [7] * answered, 8, Sampler(), np.random.default_rng(0))
+    except _Drafted:
+        pass
+    return bool(model.drafted)
+
+
+def test_beside_a_chunk_the_draft_is_not_brought_in_step_on_the_promise_of_the_rest_of_the_answer():
+    """An editor's /infill beside a chat prompt's chunks: priced as the slow step beside it goes, reading its 1,551
+    prompt tokens into the draft looked paid back by the rest of the answer, and the feed went in steps of its own
+    beside the chat's chunks (16 tokens: 36 s against 12 s alone). Beside others a draft is brought in step only
+    where the round itself pays for it; alone it may still be paid back by the answer."""
+    c = Costs(MEASURED, draft=0.049, draft_prefill=0.005, n_max=512)
+    beside_chunk = Loaded(c, Step(own=1, rows=257, stake=2, seconds=1.85))
+    for answered in (0, 8):
+        assert not _drafts(beside_chunk, lag=1500, answered=answered)
+        assert _drafts(beside_chunk, lag=1, answered=answered)  # in step: beside a chunk a draft pays
+    gpu = Costs({1: 0.01, 8: 0.011, 64: 0.02, 512: 0.1}, draft=0.001, draft_prefill=0.0001, n_max=512)
+    assert _drafts(gpu, lag=1500, answered=0)  # alone, paid back by the answer: unchanged
+
+
+def test_beside_others_a_draft_is_priced_at_its_learned_acceptance_not_at_the_optimistic_bound():
+    """Alone, auto explores the draft at its acceptance's optimistic bound (0.96 before a round has been seen); beside
+    others, they pay for the exploration too: 4 clients each explored the draft beside each other's short prompts
+    (8.3 s more in decodes a round, 0.91x the old server's rate). There the learned mean prices it."""
+    c = Costs(REAL, draft=0.0386, draft_prefill=0.0055, n_max=512)
+    beside_prompt = Loaded(c, Step(own=1, rows=30, stake=2, seconds=0.3))  # another's 29-token prompt chunk
+    assert not _drafts(beside_prompt, lag=60, answered=5)
+    assert _drafts(beside_prompt, lag=60, answered=5, learned=(96.0, 100.0))  # a draft known to be right: drafts
+    assert _drafts(c, lag=1, answered=5)  # alone it explores, as ever
+
+
 # --- 10. a file read off the turn: the other slots step meanwhile -------------------------------------------------
 
 

@@ -208,13 +208,22 @@ class AutoDrafter(Drafter):
         of the answer at its learned acceptance (there the window is the largest that pays, MIN_WINDOW at least)."""
         costs, model, kept = self.costs, self.draft_model, self.promises[self.model_source].kept
         block = getattr(model, "per_round", False)  # DFlash: one decode drafts them all
-        k_warm, warm, _ = best_length([self.model_rate.upper * kept] * k, costs, costs.drafting(k, 0.0, block))
+        # Optimism explores alone; beside others its cost is theirs too: there the draft is priced at what is known
+        # of it (4 clients each explored a draft that did not pay at the bound's 0.96: 0.91x the old server's rate).
+        hope = (self.model_rate.mean if costs.shared else self.model_rate.upper) * kept
+        k_warm, warm, _ = best_length([hope] * k, costs, costs.drafting(k, 0.0, block))
         if not k_warm or warm <= best:
             return None
         spend = self._spend(committed, k, model.window)
-        k_now, now, _ = best_length([self.model_rate.upper * kept] * k, costs, costs.drafting(k, spend, block))
+        k_now, now, _ = best_length([hope] * k, costs, costs.drafting(k, spend, block))
         if k_now and now > best:
             return CostPolicy(costs, self.model_accept, self.model_rate.mean, spend, now, block)
+        if costs.shared:
+            # Not amortised beside others' rows: the rest of the answer does not run at this step's prices (a chunk
+            # of another's prompt beside it makes a draft look cheap; its prompt is read in a few steps). An editor's
+            # /infill fed its 1,551-token window into the draft beside a chat prompt's chunks, each feed a step of
+            # its own, and its 16 tokens took 36 s against 12 s alone.
+            return None
         # Amortised: the seconds the rest of the answer saves, drafted at the learned acceptance, not plain.
         _, learned, _ = best_length([self.model_rate.mean * kept] * k, costs, costs.drafting(k, 0.0, block))
         left = (self.max_tokens or ANSWER) - (len(committed) - self._prompt)

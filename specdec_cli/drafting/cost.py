@@ -40,6 +40,8 @@ class Costs:
     `draft_prefill`, the draft's seconds per token of a PREFILL_BATCH-token decode (its window's prefill);
     `draft_load`, the seconds it took to load the draft model and open its context."""
 
+    shared = False  # others' rows in the run's next step (a lone run has none; Loaded: a slot's)
+
     def __init__(
         self,
         verify: dict[int, float],
@@ -211,6 +213,10 @@ class Loaded(Costs):
     @property
     def waiting(self) -> float:
         return self._load()[1]
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.step.last_step.beside)
 
     def verify(self, n: int) -> float:
         return float(self.verify_many(np.asarray(n)))
