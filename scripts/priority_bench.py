@@ -106,7 +106,10 @@ def measure(server: Server, a, prefix: str, long_text: str, label: str) -> dict:
             print(
                 f"[{label} round {r + 1}/{a.rounds}] {kind}: TTFT {ttft:.2f} s, answer {whole:.2f} s", file=sys.stderr
             )
-    med = lambda xs: round(statistics.median(xs), 3)  # noqa: E731
+
+    def med(xs) -> float:
+        return round(statistics.median(xs), 3)
+
     return {
         "ttft_alone": med(t for t, _ in alone),
         "ttft_beside_long_prompt": med(t for t, _ in loaded),

@@ -23,7 +23,7 @@ HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[int] = []  # the signals seen during this run, first one first
 _again = [False]  # a later signal raises too (second_stops)
 _holding = [0]  # how deep in held() blocks the main thread is
-_deferred: list[int] = []  # the signal that came during one, raised as the outermost ends
+_deferred: list[int] = []  # signals that came during one: raised (one) as the outermost ends
 
 
 class Interrupted(BaseException):
@@ -140,10 +140,10 @@ def held() -> Iterator[None]:
         yield
     finally:
         _holding[0] -= 1
-    if not _holding[0] and _deferred:  # (an exception leaving the block goes on instead: the run ends anyway)
-        signum = _deferred[0]
-        _deferred.clear()
-        raise Interrupted(signum)
+        if not _holding[0] and _deferred:  # (over an exception leaving the block too: a caller that goes on
+            signum = _deferred[0]  # after an error, a server's, must not lose the stop)
+            _deferred.clear()
+            raise Interrupted(signum)
 
 
 @contextmanager

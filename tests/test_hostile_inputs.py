@@ -427,6 +427,23 @@ def test_a_signal_sent_during_a_held_block_is_raised_after_it_even_with_other_th
         quiet.set()
 
 
+def test_a_signal_held_over_a_block_that_fails_is_not_lost():
+    """A server's slot thread failing to start (an error its caller survives) must not swallow the stop that came
+    meanwhile: the signal wins over the error."""
+    from specdec_cli import signals
+
+    restore = signals.install()
+    try:
+        with pytest.raises(signals.Interrupted) as got:
+            with signals.held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.3)
+                raise RuntimeError("can't start new thread")
+        assert isinstance(got.value.__context__, RuntimeError) and signals.exit_code() == 143
+    finally:
+        restore()
+
+
 def test_a_signal_while_loading_is_one_line_and_its_exit_code(capsys, models, monkeypatch):
     """Typer turns a KeyboardInterrupt a command did not catch into a silent exit 130, whatever the signal."""
     import specdec_cli.session as session

@@ -293,7 +293,6 @@ class _Drafted(Exception):
 
 
 REAL = {1: 0.076, 2: 0.115, 4: 0.168, 8: 0.233, 16: 0.242, 256: 1.85}  # the 1.5B's curve as kept here (AMX)
-MEASURED = {1: 0.095, 2: 0.13, 4: 0.18, 8: 0.3, 16: 0.34, 64: 0.6, 128: 0.95, 256: 1.85, 512: 3.8}  # the 1.5B, 2 cores
 
 
 def _drafts(costs, lag: int, answered: int, learned: tuple[float, float] | None = None) -> bool:
@@ -319,7 +318,7 @@ def test_beside_a_chunk_the_draft_is_not_brought_in_step_on_the_promise_of_the_r
     prompt tokens into the draft looked paid back by the rest of the answer, and the feed went in steps of its own
     beside the chat's chunks (16 tokens: 36 s against 12 s alone). Beside others a draft is brought in step only
     where the round itself pays for it; alone it may still be paid back by the answer."""
-    c = Costs(MEASURED, draft=0.049, draft_prefill=0.005, n_max=512)
+    c = Costs(REAL, draft=0.0386, draft_prefill=0.0055, n_max=512)
     beside_chunk = Loaded(c, Step(own=1, rows=257, stake=2, seconds=1.85))
     for answered in (0, 8):
         assert not _drafts(beside_chunk, lag=1500, answered=answered)

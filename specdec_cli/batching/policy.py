@@ -77,9 +77,10 @@ def choose(waiting: Sequence[Waiting], rooms: Mapping[Hashable, Room], now: int,
             outputs, tokens = outputs + w.outputs, tokens + w.tokens
     prompts = sorted((i for i in mine if waiting[i].prompt), key=lambda i: _rank(waiting[i], now))
     most = min((waiting[i].priority for i in parts), default=max(Priority))  # the most urgent generating part's
+    top = _rank(waiting[prompts[0]], now)[0] if prompts else None
     for i in prompts:
         w, rank = waiting[i], _rank(waiting[i], now)[0]
-        if rank != _rank(waiting[prompts[0]], now)[0] or rank > most or w.tokens > min(room.n_batch - tokens, budget):
+        if rank != top or rank > most or w.tokens > min(room.n_batch - tokens, budget):
             break
         if outputs + w.outputs > room.max_outputs:
             break
