@@ -286,7 +286,8 @@ class Session:
         """The last prompt's blocks to the prefix store (keep_prefixes), where it has one and the prompt's cells are
         still held; by `deadline` (time.monotonic())."""
         if self.prefixes is not None:
-            self.prefixes.keep(self._stored.kept.held(self._stored.target), deadline)
+            with self._stored.kept.unparked(self._stored.target) as seq:
+                self.prefixes.keep(seq, deadline)
 
     def unsaved_blocks(self) -> int:
         """How many of the last prompt's blocks `keep_prompt` would write."""

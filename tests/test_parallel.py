@@ -16,6 +16,7 @@ from specdec_cli.batching.claim import Claim, Left, Priority
 from specdec_cli.batching.rendezvous import Part, Steps
 from specdec_cli.drafting.cost import Costs, Loaded, best_length
 from specdec_cli.engine.context import StepFigures
+from specdec_cli.engine.events import Prefilled, Token
 from specdec_cli.engine.stats import collect
 from specdec_cli.run_inputs import Inputs
 from specdec_cli.session import RunConfig, open_session
@@ -415,3 +416,40 @@ def test_a_client_that_leaves_during_its_prompt_stops_it_at_the_next_chunk_and_i
         t.start()
         drive(steps, [t])
     assert out["r"].tokens == alone(cfg, [prompt], max_tokens=20)[0]
+
+
+def test_an_idle_slot_leaves_no_cells_in_the_shared_caches_and_its_next_turn_still_reuses_them(models):
+    """Every decode attends over every used cell of a shared cache, so an idle slot's kept cells slow the others' (a
+    four-slot server's one client 4.5% slower): they are parked between its runs, and its next turn starts from them
+    as from cells that stayed (debug checks both caches every round)."""
+    from conftest import config
+
+    cfg = config(models)
+    first = "lorem ipsum dolor sit amet " * 6
+    turns = [s + " and then some more words" for s in (first, first + " consectetur")]
+
+    def two_turns(slots: int):
+        with open_session(cfg, slots=slots) as s:
+            steps = Steps(chunk=16)
+            slot, out, idle = s.open_slots(steps)[0], [], []
+
+            def run():
+                with steps.joined():
+                    for text in turns:
+                        events = list(s.generate(s.prompt_tokens(text), Inputs(reuse=True), slot, max_tokens=12))
+                        cached = next(e.cached for e in events if isinstance(e, Prefilled))
+                        out.append((cached, [e.id for e in events if isinstance(e, Token)]))
+                        contexts = [slot.target.ctx] + ([s.draft_ctx] if s.draft_ctx is not None else [])
+                        idle.append([c.seq_pos_range(q) for c in contexts for q in range(c.n_seq)])
+
+            t = threading.Thread(target=run)
+            t.start()
+            drive(steps, [t])
+            return out, idle
+
+    parked, idle = two_turns(2)
+    assert all(r == (-1, -1) for ranges in idle for r in ranges), idle
+    stayed, held = two_turns(1)  # (one slot: nobody else decodes in its caches, its cells stay)
+    assert any(r != (-1, -1) for r in held[0])
+    assert parked[1][0] == stayed[1][0] > 0  # the second turn found the first's cells
+    assert parked == stayed

@@ -84,6 +84,13 @@ class FakeContext:
         n = len(self.cells[seq])
         return (0, n - 1) if n else (-1, -1)
 
+    def seq_state(self, seq: int) -> list[int]:
+        return list(self.cells[seq])
+
+    def set_seq_state(self, state: list[int], seq: int) -> int:
+        self.cells[seq] = list(state)
+        return len(state)
+
 
 class Script(Drafter):
     """Proposes its drafts in turn (a chain cut to the k the engine allows, or a whole Draft), then nothing."""

@@ -29,11 +29,20 @@ class Holder(Protocol):
 
 class SlotContext:
     def __init__(
-        self, ctx: Context, steps: Steps, base: int, n_seq: int, n_ctx: int, slot: Holder, draft: bool = False
+        self,
+        ctx: Context,
+        steps: Steps,
+        base: int,
+        n_seq: int,
+        n_ctx: int,
+        slot: Holder,
+        draft: bool = False,
+        shared: bool = True,
     ):
-        """slot: whose share this is (its claim, its state); draft: the share of its draft's context."""
+        """slot: whose share this is (its claim, its state); draft: the share of its draft's context; shared: other
+        slots' shares decode in the same context (engine/kv.py's Kept parks what an idle one keeps)."""
         self.ctx, self.steps, self.base, self.n_seq, self.n_ctx = ctx, steps, base, n_seq, n_ctx
-        self.slot, self.draft = slot, draft
+        self.slot, self.draft, self.shared = slot, draft, shared
         self.model, self.n_vocab, self.memory = ctx.model, ctx.n_vocab, ctx.memory
         self.max_rollback, self.can_shift, self.other_backends = ctx.max_rollback, ctx.can_shift, ctx.other_backends
         self.n_batch = min(ctx.n_batch, steps.chunk)  # a prompt goes in chunks of this, between the others' steps

@@ -97,22 +97,22 @@ def shares(
     targets: list[Context],
     draft: Callable[[], Context] | None,
     steps: Steps,
-    kept: Callable[[], Kept],
+    kept: Callable[[Callable[[SlotContext], bool]], Kept],
     companions: Companions,
 ) -> list[Slot]:
     """A slot per share of the contexts: of the one target context (sequences i * seqs[0] ...), or of its own (exact
     mode's), of the draft model's (sequences i * seqs[1] ...), and of the companions of its target context (its
     sequences there: i, or 0 in a context of its own); every decode through the steps."""
-    out = []
+    out, own, shared = [], plan.own, plan.slots > 1
     for i in range(plan.slots):
-        own = plan.own
-        slot = Slot(None, None, kept())  # (its contexts are shares that read it)
+        slot = Slot(None, None, kept(lambda ctx: ctx.shared))  # (its contexts are shares that read it)
         base, draft_base = plan.base(i)
-        slot.target = SlotContext(targets[i if own else 0], steps, base, plan.seqs[0], plan.n_ctx, slot)
+        ctx = targets[i if own else 0]
+        slot.target = SlotContext(ctx, steps, base, plan.seqs[0], plan.n_ctx, slot, shared=shared and not own)
         if draft is not None:
             slot.draft = Once(
                 lambda base=draft_base, slot=slot: SlotContext(
-                    draft(), steps, base, plan.seqs[1], plan.draft_n_ctx, slot, True
+                    draft(), steps, base, plan.seqs[1], plan.draft_n_ctx, slot, True, shared
                 )
             )
         _accompany(slot, companions, i if own else 0, 0 if own else i, slot.target.hand)

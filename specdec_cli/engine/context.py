@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -79,3 +79,11 @@ class Context(Protocol):
         ...
 
     def seq_pos_range(self, seq: int) -> tuple[int, int]: ...
+
+    def seq_state(self, seq: int) -> Any:
+        """A sequence's cells read out (llama.cpp's state of it); OSError where llama.cpp could not."""
+        ...
+
+    def set_seq_state(self, state: Any, seq: int) -> int:
+        """A sequence's cells read back from `seq_state`'s; how many bytes llama.cpp read."""
+        ...
