@@ -37,10 +37,22 @@ def fitted(
         heads_bytes = n * mtp.kv_bytes(target, sizes[0], heads) if target.heads else 0
         states = (draft, n * shaped.draft_n_ctx, n * shaped.seqs[1]) if draft else None
         try:
-            return shaped, fit.check_pair(plan, (target, *shaped.cells), states, heads_bytes)
+            return shaped, fit.check_pair(
+                plan, (target, *shaped.cells), states, heads_bytes, parked(shaped, target, draft)
+            )
         except UsageError:
             if slots or n == 1:
                 raise
+
+
+def parked(shaped: Layout, target: Model, draft: Model | None) -> int:
+    """The bytes idle slots may park in memory (engine/kv.py's Kept): all but one slot's whole share of each context
+    that slots share (the target's, unless each slot has its own; a draft model's)."""
+    idle = shaped.slots - 1
+    cells = 0 if shaped.own else idle * shaped.n_ctx * target.kv_bytes_per_token()
+    if shaped.draft is not None and draft is not None:
+        cells += idle * shaped.draft_n_ctx * draft.kv_bytes_per_token()
+    return cells
 
 
 def opened(

@@ -67,10 +67,15 @@ def check_memory(need: list[tuple[int, int, Offload | None]]) -> None:
 
 
 def check_pair(
-    plan: Plan, target: tuple[Model, int, int], draft: tuple[Model, int, int] | None, heads_bytes: int = 0
+    plan: Plan,
+    target: tuple[Model, int, int],
+    draft: tuple[Model, int, int] | None,
+    heads_bytes: int = 0,
+    parked: int = 0,
 ) -> int:
-    """check_memory for a pair: each (model, context tokens, recurrent states it keeps) by the plan's placement, and
-    the target's MTP heads' cache (`heads_bytes`). Returns the draft's bytes (for its fit when it loads)."""
+    """check_memory for a pair: each (model, context tokens, recurrent states it keeps) by the plan's placement, the
+    target's MTP heads' cache (`heads_bytes`) and the cells idle slots park in this machine's memory (`parked`,
+    wherever the layers are: engine/kv.py's Kept). Returns the draft's bytes (for its fit when it loads)."""
 
     def need(m: Model, n_ctx: int, states: int) -> tuple[int, int]:
         return n_ctx * m.kv_bytes_per_token(), m.state_bytes() * states
@@ -79,6 +84,7 @@ def check_pair(
         [(*need(*target), plan.target)]
         + ([(*need(*draft), plan.draft)] if draft else [])
         + ([(heads_bytes, 0, plan.target)] if heads_bytes else [])
+        + ([(parked, 0, None)] if parked else [])
     )
     return sum(need(*draft)) if draft else 0
 

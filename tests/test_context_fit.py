@@ -48,3 +48,16 @@ def test_a_draft_trained_for_less_gets_its_own_context_and_drafts_on_past_it_in_
             assert s.draft_ctx.seq_pos_range(0)[1] < 1024
         assert drafted.tokens == plain and len(plain) == 80
         assert not [e for e in events if isinstance(e, Notice)] and drafted.stats.accepted > 40
+
+
+def test_a_servers_default_slots_count_the_cells_idle_slots_park_in_memory(models, monkeypatch):
+    """Idle slots park their kept cells in this machine's memory (engine/kv.py's Kept), wherever the layers are:
+    memory for four slots' caches but not for three idle slots' parked cells gets fewer slots, not an OOM later."""
+    from specdec_cli import fit
+
+    cfg = config(models, draft=None, ctx_size=512)
+    with open_session(cfg, slots=1) as s:
+        one = 512 * s.target.kv_bytes_per_token()
+    monkeypatch.setattr(fit, "available_memory", lambda: 4 * one + one // 2)  # four caches and half of one more
+    with open_session(cfg, slots=0) as s:
+        assert s.layout.slots == 2  # 2 caches + 1 parked = 3 fit; 3 + 2 = 5 do not
