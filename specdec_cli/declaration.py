@@ -12,6 +12,16 @@ import typer
 
 Check = tuple[Callable[[Any], bool], str]  # (ok(value), the rule, with {v} for the value); None passes
 
+# The --help panels, grouped as llama.cpp groups its own options; a command's general options (--json, --debug,
+# --help) stay in Typer's "Options", printed first. Panels print in the order a command's parameters reach them.
+MODELS = "Models"
+PROMPT = "Prompt"
+DRAFTING = "Drafting"
+CACHES = "Exact mode and caches"  # apart from DRAFTING: their --no-... column would narrow its help to ~15 characters
+SAMPLING = "Sampling"
+OFFLOAD = "Offload"
+SERVER = "Server"
+
 
 def finite() -> Check:
     return math.isfinite, "must be a finite number (got {v})"
@@ -31,9 +41,12 @@ def within(lo: float, hi: float, text: str, why: str = "", lo_open: bool = False
 
 @dataclass(frozen=True)
 class Option:
-    flags: tuple[str, ...]  # on the command line ("-k", "--draft-tokens")
+    flags: tuple[str, ...]  # on the command line ("-k", "--draft-tokens"), as messages name the option
     type: Any  # the command line's type
     help: str
+    panel: str | None = None  # the --help panel (None: the command's general "Options")
+    aliases: tuple[str, ...] = ()  # llama.cpp's names for the same option, taken too ("--draft-max")
+    llama: tuple[str, ...] = ()  # llama.cpp's names not taken (they would widen --help): an error points here
     config: tuple[type, ...] = ()  # the TOML types a pair may set it with; () when a pair cannot
     checks: tuple[Check, ...] = ()
     in_json: bool = True  # shown in --json's "config"
@@ -57,7 +70,7 @@ class Option:
             self.key,
             inspect.Parameter.KEYWORD_ONLY,
             annotation=Optional[self.type],
-            default=typer.Option(None, *self.flags, help=self.help),
+            default=typer.Option(None, *self.flags, *self.aliases, help=self.help, rich_help_panel=self.panel),
         )
 
 

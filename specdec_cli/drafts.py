@@ -4,6 +4,7 @@ where llama.cpp would abort inside the pair; and such a draft opened beside the 
 
 from __future__ import annotations
 
+import shlex
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +60,17 @@ def read(cfg, target: Model, stack: ExitStack, speculates: bool, warn: Callable[
     if why:
         raise SpecdecError(
             f"draft {info.name} cannot draft for target {target.name}: {why}",
-            hint="a draft must share the target's tokenizer (same model family); or use --drafter none",
+            hint=_mismatch_hint(cfg.target_name or str(cfg.target)),
         )
     return Draft(info, None, file) if file is not None else Draft(info, path, None)
+
+
+def _mismatch_hint(target: str) -> str:
+    """The ways on for a draft whose tokenizer is not the target's."""
+    return (
+        f"a draft must share the target's tokenizer (a model of its family): `specdec models pair {shlex.quote(target)}` "
+        "lists the local ones that do; `--draft auto` takes the best of them; `--drafter lookup` needs no draft model"
+    )
 
 
 def _hint(file: draft_files.DraftFile) -> str:

@@ -137,6 +137,8 @@ class RunConfig(RunOptions):
 
 OPTIONS: tuple[Option, ...] = tuple(replace(f.metadata["option"], key=f.name) for f in fields(RunConfig) if f.metadata)
 BY_KEY = {o.key: o for o in OPTIONS}
+# llama.cpp's names for the options (those taken and those not): an unknown one is pointed at specdec's
+LLAMA_NAMES = {name: o for o in OPTIONS for name in (*o.aliases, *o.llama)}
 # Where the models' layers go: every command that loads them takes these (bench's rows share them).
 OFFLOAD = ("gpu_layers", "gpu_layers_draft", "device", "device_draft", "split_mode", "tensor_split", "main_gpu")
 PAIR_KEYS = {o.key: o.config if len(o.config) > 1 else o.config[0] for o in OPTIONS if o.config}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import time
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import replace
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator
 
 from . import contexts, drafting, drafts, fit, prefixes
 from .backend import devices, gguf_file, mtp, rpc, vocab
@@ -22,7 +23,7 @@ from .run_inputs import CACHED, Inputs
 from .engine import kv
 from .chat import fim, prompt
 from .chat.prompt import PromptTooLong  # noqa: F401 (re-exported: the server and tests catch it)
-from .engine.events import Event, Prefilled
+from .engine.events import Event, Notice, Prefilled
 from .engine.speculative import generate
 from .errors import UsageError
 from .once import Once
@@ -31,18 +32,34 @@ from .text import with_text
 from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
 
 
+# What shows the user that auto measures this machine's costs, given the threads and the curves' folder (the UI's
+# spinner): the engine and drafting return data only.
+Measuring = Callable[[int, Path], AbstractContextManager[object]]
+
+
+def _unseen(threads: int, folder: Path) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
 class Session:
     """A loaded target (and draft). Use `open_session`; it frees contexts before models."""
 
     def __init__(
-        self, cfg: RunConfig, stack: ExitStack, max_draft: int | None = None, lazy_draft: bool = False, slots: int = 1
+        self,
+        cfg: RunConfig,
+        stack: ExitStack,
+        max_draft: int | None = None,
+        lazy_draft: bool = False,
+        slots: int = 1,
+        measuring: Measuring = _unseen,
     ):
         """max_draft: the longest draft a run may send (default: -k, else auto's longest): a recurrent
         target keeps a snapshot of its state per draft token. lazy_draft: load the draft model at its first
         draft (a one-shot run's, or a batch's: a run that never drafts with it never loads it), not now. slots: a
         server's generations at once (`open_slots`), each with its share of the contexts (layout.py); 0: as many as
-        fit in memory, up to DEFAULT_SLOTS."""
-        self.cfg, self._stack = cfg, stack
+        fit in memory, up to DEFAULT_SLOTS. measuring: what shows the user that auto is measuring this machine (the
+        UI's spinner), given the threads and where the curve is kept."""
+        self.cfg, self._stack, self._measuring = cfg, stack, measuring
         t0 = time.perf_counter()
         # --rpc: the target's layers on the servers (and this machine's GPUs, as llama.cpp would); the draft
         # never leaves this machine (fit.wants). Where each model's layers go is decided before it loads.
@@ -112,7 +129,19 @@ class Session:
         about = curves.about(paths, cfg.threads, cfg.exact, where, AUTO_K_MAX + 1)
         key, measure_anew = curves.key(about), not self.speculates or cfg.remeasure
         kept = None if measure_anew else curves.load(key, self.warnings.append)
-        return measure.Curve(self.target_ctx, self._draft, AUTO_K_MAX + 1, key=key, kept=kept, about=about)
+        # Only a CPU's costs are checked for sense (measure.doubt): a GPU's verify curve is flat, an RPC server's slow.
+        threads = cfg.threads
+        check = functools.partial(measure.doubt, weight_bytes=self.target.weight_bytes, threads=threads)
+        return measure.Curve(
+            self.target_ctx,
+            self._draft,
+            AUTO_K_MAX + 1,
+            key=key,
+            kept=kept,
+            about=about,
+            announce=lambda: self._measuring(threads, curves.folder()),
+            check=check if where == "local" else None,
+        )
 
     @property
     def has_draft(self) -> bool:
@@ -197,9 +226,10 @@ class Session:
         return self._run(name, run, tokens, replace(inputs, corpus=corpus, prediction=prediction), slot or self.home)
 
     def _run(self, name: str, run: RunConfig, tokens: list[int], inputs: Inputs, slot: Slot) -> Iterator[Event]:
-        # A generator, so that the drafter's set-up (auto measures the cost curve: about a second) happens
+        # A generator, so that the drafter's set-up (auto measures the cost curve: a few seconds) happens
         # as the consumer starts reading: an interruption there is one of the stream's, like any other. The
-        # user waits for the set-up too: its time is the prefill's (Prefilled.seconds).
+        # user waits for the set-up too: its time is the prefill's (Prefilled.seconds), but for the measurement,
+        # told apart (Prefilled.measure_seconds: once per model and -t, it is not what a prompt costs).
         t0 = time.perf_counter()
         reuse, salt = inputs.reuse, inputs.salt
         slot.begin(len(tokens))
@@ -237,7 +267,8 @@ class Session:
             max_leaves=MAX_BRANCHES,
             n_ctx=slot.target.n_ctx,
         )
-        drafter = drafting.build(name, sources)
+        measurements = self.curve.measurements
+        drafter = drafting.build(name, sources)  # (auto's measures the machine here, on its first run)
         main = slot.kept.take(slot.target, tokens, reuse and own)
         if reuse and self.prefixes is not None:  # the prompt's saved blocks, where they reach further (and kept)
             self.prefixes.restore(main, tokens, salt, slot.released)
@@ -247,10 +278,12 @@ class Session:
         # draft-sized ones), so with reuse every prompt token gets the cells its lone decode gives, and a
         # reused prefix holds exactly the cells a cold run computes.
         settings = run.settings(prompt_kernels=not reuse, constraint=grammar.start() if grammar else None)
-        setup = time.perf_counter() - t0
+        measured = self.curve.seconds if self.curve.measurements > measurements else 0.0
+        doubted = self.curve.doubted if measured else None
+        setup = time.perf_counter() - t0 - measured
         try:
-            events = generate(main, drafter, tokens, settings)
-            yield from with_text(_with_setup(events, setup, predicted), self.target.piece)
+            events = _with_setup(generate(main, drafter, tokens, settings), setup, predicted, measured, doubted)
+            yield from with_text(events, self.target.piece)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole
             slot.kept.keep()
             raise
@@ -304,25 +337,45 @@ class Session:
         return self.curve.adopt(measured) if measured is not None else self.curve.get(tokens)
 
 
-def _with_setup(events: Iterator[Event], seconds: float, predicted: tuple[int, ...] | None) -> Iterator[Event]:
-    """The engine's events, the run's set-up before the engine started counted in its prefill, and the predicted
-    answer's length (None: none) told with it: the engine sees token ids only, not where a drafter's came from."""
+def _with_setup(
+    events: Iterator[Event],
+    seconds: float,
+    predicted: tuple[int, ...] | None,
+    measured: float = 0.0,
+    doubted: str | None = None,
+) -> Iterator[Event]:
+    """The engine's events, the run's set-up before the engine started counted in its prefill, the machine's
+    measurement (`measured` seconds) beside it, and the predicted answer's length (None: none) told with it: the engine
+    sees token ids only, not where a drafter's came from. `doubted`: why that measurement is not kept, a Notice."""
     n = len(predicted) if predicted is not None else None
     for event in events:
-        yield replace(event, seconds=event.seconds + seconds, prediction=n) if isinstance(event, Prefilled) else event
+        if isinstance(event, Prefilled):
+            yield replace(event, seconds=event.seconds + seconds, prediction=n, measure_seconds=measured)
+            if doubted:
+                yield Notice(doubted)
+        else:
+            yield event
 
 
 class open_session:
     """`with open_session(cfg) as s: ...`: a Session that frees everything on the way out (contexts before models). A
     class, not a generator: a caller that keeps only the session (`open_session(cfg).__enter__()`) keeps it loaded."""
 
-    def __init__(self, cfg: RunConfig, max_draft: int | None = None, lazy_draft: bool = False, slots: int = 1):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        max_draft: int | None = None,
+        lazy_draft: bool = False,
+        slots: int = 1,
+        measuring: Measuring = _unseen,
+    ):
         self.cfg, self.max_draft, self.lazy_draft, self.slots = cfg, max_draft, lazy_draft, slots
+        self.measuring = measuring
         self._stack = ExitStack()
 
     def __enter__(self) -> Session:
         try:
-            return Session(self.cfg, self._stack, self.max_draft, self.lazy_draft, self.slots)
+            return Session(self.cfg, self._stack, self.max_draft, self.lazy_draft, self.slots, self.measuring)
         except BaseException:
             self._stack.close()
             raise

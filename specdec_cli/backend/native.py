@@ -258,6 +258,11 @@ class Model:
         return self.meta("general.architecture") or "unknown"
 
     @property
+    def weight_bytes(self) -> int:
+        """Bytes of its tensors (a split model's parts together): what a one-token decode reads at most."""
+        return L.llama_model_size(self._ptr)
+
+    @property
     def n_layer(self) -> int:
         """Its repeating layers (llama.cpp offloads these and the output layer)."""
         return L.llama_model_n_layer(self._ptr)

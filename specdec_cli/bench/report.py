@@ -18,7 +18,9 @@ from .runner import RowResult
 from .suite import Prompt
 
 MODEL_GAP = 0.10  # predicted and measured speed-ups should agree within ~10%; larger gaps are flagged
-PAYS = 1.03  # a configuration "pays" from 3% faster than target-only (below that it is noise)
+# With one run per prompt (--runs 1) nothing measures the noise: assume +-3%, what two runs of the same settings on
+# this project's machine differ by (1.01x, then 1.04x). With more runs, their spread is the noise.
+ASSUMED_NOISE = 0.03
 
 COLUMNS = [
     "drafter",
@@ -33,6 +35,9 @@ COLUMNS = [
     "wall_tokens_per_second",
     "baseline_wall_tokens_per_second",
     "speedup",
+    "speedup_low",
+    "speedup_high",
+    "noise",
     "generation_speedup",
     "ttft_seconds",
     "baseline_ttft_seconds",
@@ -95,6 +100,7 @@ def rows_for(result: RowResult, prompts: list[Prompt], costs: Costs) -> list[dic
                 "wall_tokens_per_second": round(mine.wall_tokens_per_second, 3),
                 "baseline_wall_tokens_per_second": round(base.wall_tokens_per_second, 3),
                 "speedup": round(speedup, 4),
+                **_spread(result, idx, speedup),
                 "generation_speedup": round(generation, 4),
                 "ttft_seconds": round(mine.ttft_seconds / len(idx), 4),  # a prompt's, on average
                 "baseline_ttft_seconds": round(base.ttft_seconds / len(idx), 4),
@@ -140,6 +146,38 @@ def cost_curve(costs: Costs) -> dict:
     }
 
 
+def _spread(result: RowResult, idx: list[int], speedup: float) -> dict:
+    """The speed-up's noise band: its lowest and highest over the repeats (repeat r of every prompt against the
+    baseline's repeat r beside it), or +-ASSUMED_NOISE where one run per prompt measures none. The baseline
+    against itself is 1.0 exactly."""
+    runs = len(result.repeats[0]) if result.repeats else 1
+    if result.config.is_baseline:
+        return {"speedup_low": 1.0, "speedup_high": 1.0, "noise": "none"}
+    if runs < 2:
+        low, high, how = speedup / (1 + ASSUMED_NOISE), speedup * (1 + ASSUMED_NOISE), "assumed"
+    else:
+        ratios = []
+        for r in range(runs):
+            mine = Stats.combine([result.repeats[i][r].stats for i in idx]).wall_tokens_per_second
+            theirs = Stats.combine([result.base_repeats[i][r].stats for i in idx]).wall_tokens_per_second
+            ratios.append(_ratio(mine, theirs))
+        low, high, how = min(ratios + [speedup]), max(ratios + [speedup]), f"{runs} repeats"
+    return {"speedup_low": round(low, 4), "speedup_high": round(high, 4), "noise": how}
+
+
+def beyond_noise(r: dict) -> int:
+    """+1 where a row is faster than target alone beyond its noise band, -1 where slower, 0 within it."""
+    return 1 if band_low(r) > 1.0 else (-1 if band_high(r) < 1.0 else 0)
+
+
+def band_low(r: dict) -> float:  # (rows of older JSON files have no band: the assumed one)
+    return r.get("speedup_low", r["speedup"] / (1 + ASSUMED_NOISE))
+
+
+def band_high(r: dict) -> float:
+    return r.get("speedup_high", r["speedup"] * (1 + ASSUMED_NOISE))
+
+
 def _drafted(stats: Stats) -> list:
     return [(name, d) for name, d in sorted(stats.by_drafter.items()) if d.drafted]
 
@@ -176,21 +214,27 @@ def _predicted(costs: Costs, stats: Stats, cfg) -> float | None:
 
 
 def recommendation(rows: list[dict], costs: Costs) -> str:
+    """The fastest configuration where it beats target alone beyond its noise band, and the others within noise of
+    it (their bands overlap: which is faster is not known); else why speculation does not pay here."""
     overall = [r for r in rows if r["category"] == "all" and not drafting.is_plain(r["drafter"])]
     if not overall:
         return "Only the baseline ran: add --drafters model (with a draft) to see what speculation does here."
     best = max(overall, key=lambda r: r["speedup"])
-    chooses = best["drafter"] in drafting.DRAFTERS and drafting.kind(best["drafter"]).chooses_k
-    how = f"--drafter {best['drafter']}" + (f" -k {best['draft_tokens']}" if not chooses else "")
-    how += f" --branches {best['branches']}" if best.get("branches", 1) > 1 else ""
-    how += " --exact" if best.get("exact") else ""
-    how += f" --temp {best['temp']:g}" if best["temp"] else ""
-    if best["speedup"] >= PAYS:
-        return (
+    how = _how(best)
+    if beyond_noise(best) > 0:
+        rivals = [r for r in overall if r is not best and band_high(r) >= band_low(best)]
+        text = (
             f"Use {how}: {best['speedup']:.2f}x target-only's speed on this machine by wall time, prefill included "
             f"({best['generation_speedup']:.2f}x by generation alone; accept rate {best['accept_rate']:.0%}, "
             f"{best['mean_accepted']:.2f} tokens per verification)."
         )
+        if rivals:
+            named = ", ".join(f"{_how(r)} ({r['speedup']:.2f}x)" for r in rivals[:3])
+            more = f" and {len(rivals) - 3} more" if len(rivals) > 3 else ""
+            text += f" Within noise of it ({_band(best)}): {named}{more}; " + (
+                "rerun with --runs 3 to tell them apart." if best.get("noise") == "assumed" else "any of them will do."
+            )
+        return text
     k = best["draft_tokens"] if isinstance(best["draft_tokens"], int) else 3
     verify = f"verifying {k + 1} tokens costs {costs.relative(k + 1):.2f}x one"
     top = max(costs.measured)  # the largest batch timed
@@ -200,11 +244,34 @@ def recommendation(rows: list[dict], costs: Costs) -> str:
     else:  # lookup: drafting is free, only verification costs
         ceiling = max((j + 1) / costs.relative(j + 1) for j in range(1, top))
         why = f"Lookup drafts for free, but {verify}, so even a lookup right every time"
+    runs = "within noise of target-only" if beyond_noise(best) == 0 else "slower than target-only"
     return (
-        f"Speculation does not pay here: the best configuration ({how}) runs at {best['speedup']:.2f}x. "
-        f"{why} would reach at most {ceiling:.2f}x; these prompts were too far from that. Use --drafter none "
-        "on this machine for them."
+        f"Speculation does not pay here: the best configuration ({how}) runs at {best['speedup']:.2f}x, "
+        f"{runs} ({_band(best)}). {why} would reach at most {ceiling:.2f}x; these prompts were too far from that. "
+        "Use --drafter none on this machine for them."
     )
+
+
+def _how(r: dict) -> str:
+    """A row's settings as the options that give them."""
+    chooses = r["drafter"] in drafting.DRAFTERS and drafting.kind(r["drafter"]).chooses_k
+    how = f"--drafter {r['drafter']}" + (f" -k {r['draft_tokens']}" if not chooses else "")
+    how += f" --branches {r['branches']}" if r.get("branches", 1) > 1 else ""
+    how += " --exact" if r.get("exact") else ""
+    return how + (f" --temp {r['temp']:g}" if r["temp"] else "")
+
+
+def noise_words(rows: list[dict]) -> str:
+    """How the rows' noise bands were had, in words (a caption's, a chart's)."""
+    measured = {r.get("noise", "assumed") for r in rows} - {"none", "assumed"}
+    return "lowest to highest over the repeats" if measured else f"+-{ASSUMED_NOISE:.0%} assumed (--runs 1)"
+
+
+def _band(r: dict) -> str:
+    """A row's noise band in words: '0.98-1.07x over 3 repeats', '+-3% assumed with --runs 1'."""
+    if r.get("noise", "assumed") == "assumed":
+        return f"+-{ASSUMED_NOISE:.0%} assumed with --runs 1"
+    return f"{band_low(r):.2f}-{band_high(r):.2f}x over {r['noise']}"
 
 
 def machine() -> dict:
@@ -252,54 +319,95 @@ def to_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def to_svg(rows: list[dict]) -> str:
-    """Speed-up against draft length, one line per drafter and temperature, the target-only level and
-    the auto rows (which choose their own lengths) as dashed levels."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    levels: list[tuple[str, float]] = []
-    for r in rows:
-        if r["category"] == "all" and not drafting.is_plain(r["drafter"]):
-            name = (
-                f"{r['drafter']}" + (f" b={r['branches']}" if r.get("branches", 1) > 1 else "") + f" temp {r['temp']:g}"
-            )
-            chooses = r["drafter"] in drafting.DRAFTERS and drafting.kind(r["drafter"]).chooses_k
-            if isinstance(r["draft_tokens"], int):
-                series.setdefault(name, []).append((r["draft_tokens"], r["speedup"]))
-            else:
-                levels.append((f"{name}" + (" k=auto" if not chooses else ""), r["speedup"]))
-    w, h, m = 560, 340, 50
-    ks = sorted({k for pts in series.values() for k, _ in pts}) or [1]
-    top = max([1.2] + [s for pts in series.values() for _, s in pts] + [s for _, s in levels]) * 1.1
-    x = lambda k: m + (w - 2 * m) * (ks.index(k) / max(len(ks) - 1, 1))  # noqa: E731
-    y = lambda s: h - m - (h - 2 * m) * s / top  # noqa: E731
-    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+def to_svg(doc: dict) -> str:
+    """What a user decides from: each setting's speed-up against the target alone (by wall time), a bar from 1.0x
+    with its noise band as a whisker, coloured only where the band clears 1.0x; titled with the models, the
+    machine and the run's size."""
+    rows = [r for r in doc["rows"] if r["category"] == "all" and not drafting.is_plain(r["drafter"])]
+    temps = len({r["temp"] for r in rows}) > 1
+    names = [_how(r).replace("--drafter ", "").replace(" --temp", " temp") + (" temp 0" if temps and not r["temp"] else "") for r in rows]  # fmt: skip
+    lo = min([1.0] + [band_low(r) for r in rows])
+    hi = max([1.0] + [band_high(r) for r in rows])
+    step = next(s for s in (0.05, 0.1, 0.2, 0.25, 0.5, 1.0, 2.0, 5.0) if (hi - lo) / s <= 8)
+    bottom, top = _floor(lo - 0.4 * step, step), _floor(hi + 0.4 * step, step) + step  # room for the figures
+    band = noise_words(rows)
+    models, machine, settings = doc.get("models", {}), doc.get("machine", {}), doc.get("settings", {})
+    context = [
+        machine.get("cpu"),
+        f"{machine['threads']} thread" + ("s" if machine["threads"] > 1 else "") if machine.get("threads") else None,
+        f"{settings['prompt_count']} prompts x {settings['max_tokens']} tokens"
+        if settings.get("prompt_count")
+        else None,
+        f"{settings['runs']} run(s) each" if settings.get("runs") else None,
+    ]
+    lines = [  # (text, font size, colour): the title, the models, the machine and the run's size
+        ("speed-up against the target alone, by wall time", 15, "black"),
+        (f"target {_name(models.get('target'))}" + (f", draft {_name(models['draft'])}" if models.get("draft") else ""), 12, "#555"),
+        (", ".join(part for part in context if part), 12, "#555"),
+    ]  # fmt: skip
+    notes = [
+        f"bar: the median speed-up; whisker: its noise band, {band}",
+        "green / red: faster / slower than the target alone beyond the noise; grey: within it",
+    ]
+    left, right, head, foot = 80, 100, 32 + 18 * len(lines), 110 + 16 * len(notes)  # right: room for 'target alone'
+    bar, gap = 36, 18
+    text_w = max(len(t) * 0.6 * size for t, size, _ in lines + [(n, 12, "") for n in notes])  # sans-serif, roughly
+    w = round(max(480, left + right + len(rows) * (bar + gap) + gap, text_w + 40))
+    h = 300 + head + foot
+    plot_h = h - head - foot
+    spare = (w - left - right) - (len(rows) * (bar + gap) + gap)  # the bars centred in the plot
+    y = lambda v: head + plot_h * (top - v) / (top - bottom)  # noqa: E731
+    x = lambda i: left + spare / 2 + gap + i * (bar + gap)  # noqa: E731  (a bar's left edge)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
         f'<rect width="{w}" height="{h}" fill="white"/>',
-        f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">speed-up over target-only vs draft length</text>',
-        f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
-        f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="black"/>',
-        f'<line x1="{m}" y1="{y(1):.1f}" x2="{w - m}" y2="{y(1):.1f}" stroke="gray" stroke-dasharray="4"/>',
-        f'<text x="{w - m + 4}" y="{y(1) + 4:.1f}" fill="gray">1.0x</text>',
-        f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">draft tokens k</text>',
     ]
-    for k in ks:
-        parts.append(f'<text x="{x(k):.1f}" y="{h - m + 16}" text-anchor="middle">{k}</text>')
-    for i in range(5):
-        s = top * i / 4
-        parts.append(f'<text x="{m - 6}" y="{y(s) + 4:.1f}" text-anchor="end">{s:.2f}</text>')
-    for j, (name, pts) in enumerate(sorted(series.items())):
-        colour = colours[j % len(colours)]
-        pts = sorted(pts)
-        path = " ".join(f"{x(k):.1f},{y(s):.1f}" for k, s in pts)
-        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        parts += [f'<circle cx="{x(k):.1f}" cy="{y(s):.1f}" r="3" fill="{colour}"/>' for k, s in pts]
-        parts.append(f'<text x="{m + 10}" y="{m + 16 * j}" fill="{colour}">{name}</text>')
-    for j, (name, s) in enumerate(levels, start=len(series)):
-        colour = colours[j % len(colours)]
+    for n, (text, size, colour) in enumerate(lines):
+        bold = ' font-weight="bold"' if n == 0 else ""
         parts.append(
-            f'<line x1="{m}" y1="{y(s):.1f}" x2="{w - m}" y2="{y(s):.1f}" stroke="{colour}" stroke-dasharray="8 3"/>'
+            f'<text x="{w / 2}" y="{22 + 18 * n}" text-anchor="middle" font-size="{size}" fill="{colour}"{bold}>'
+            f"{_esc(text)}</text>"
         )
-        parts.append(f'<text x="{m + 10}" y="{m + 16 * j}" fill="{colour}">{name} (dashed)</text>')
+    for i in range(round((top - bottom) / step) + 1):
+        v = bottom + i * step
+        parts.append(f'<line x1="{left}" y1="{y(v):.1f}" x2="{w - right}" y2="{y(v):.1f}" stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.2f}x</text>')
+    parts += [
+        f'<text transform="translate(18 {head + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
+        "speed-up vs target alone (wall time)</text>",
+        f'<line x1="{left}" y1="{head}" x2="{left}" y2="{head + plot_h}" stroke="black"/>',
+        f'<line x1="{left}" y1="{y(1):.1f}" x2="{w - right}" y2="{y(1):.1f}" stroke="black" stroke-dasharray="5 3"/>',
+        f'<text x="{w - right + 6}" y="{y(1) + 4:.1f}" fill="#333">target alone</text>',
+    ]
+    colours = {1: "#2e7d32", -1: "#c62828", 0: "#9e9e9e"}  # faster or slower beyond the noise; within it
+    for i, (r, name) in enumerate(zip(rows, names)):
+        c, mid = colours[beyond_noise(r)], x(i) + bar / 2
+        y0, y1 = sorted((y(1), y(r["speedup"])))
+        parts.append(f'<rect x="{x(i):.1f}" y="{y0:.1f}" width="{bar}" height="{max(y1 - y0, 1):.1f}" fill="{c}" opacity="0.8"/>')  # fmt: skip
+        lo_y, hi_y = y(band_low(r)), y(band_high(r))
+        parts.append(f'<line x1="{mid:.1f}" y1="{lo_y:.1f}" x2="{mid:.1f}" y2="{hi_y:.1f}" stroke="black"/>')
+        for end in (lo_y, hi_y):
+            parts.append(f'<line x1="{mid - 6:.1f}" y1="{end:.1f}" x2="{mid + 6:.1f}" y2="{end:.1f}" stroke="black"/>')
+        # the figure beyond the bar's far end and its whisker: above a gain, below a loss
+        at = min(hi_y, y(r["speedup"])) - 6 if r["speedup"] >= 1 else max(lo_y, y(r["speedup"])) + 15
+        parts.append(f'<text x="{mid:.1f}" y="{at:.1f}" text-anchor="middle">{r["speedup"]:.2f}x</text>')
+        parts.append(
+            f'<text transform="translate({mid:.1f} {head + plot_h + 14}) rotate(-35)" text-anchor="end">'
+            f"{_esc(name)}</text>"
+        )
+    for n, note in enumerate(notes):
+        parts.append(f'<text x="{left}" y="{h - 12 - 16 * (len(notes) - 1 - n)}" fill="#555">{_esc(note)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def _floor(v: float, step: float) -> float:
+    return step * int(v / step + 1e-9) if v >= 0 else -step * int(-v / step + 1 - 1e-9)
+
+
+def _name(path: str | None) -> str:
+    return Path(path).name if path else "?"
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

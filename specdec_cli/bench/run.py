@@ -121,4 +121,4 @@ def write(doc: dict, files: dict[str, Path | None]) -> None:
     if files["--csv"]:
         write_atomic(files["--csv"], report.to_csv(doc["rows"]))
     if files["--plot"]:
-        write_atomic(files["--plot"], report.to_svg(doc["rows"]))
+        write_atomic(files["--plot"], report.to_svg(doc))

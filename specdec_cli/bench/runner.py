@@ -42,6 +42,9 @@ class RowResult:
     runs: list[Run]  # one per prompt: the median of R runs
     baseline: list[Run]  # the baseline's runs on the same prompts (same mode), interleaved with these
     fast_baseline: list[Run] | None = None  # exact rows, when fast mode runs too: its baseline, interleaved
+    # Per prompt, every repeat (--runs) of this row and of the baseline beside it, in order: the noise
+    repeats: list[list[Run]] | None = None
+    base_repeats: list[list[Run]] | None = None
 
 
 def plan(
@@ -119,7 +122,7 @@ def sweep(
         generate(config, 0, Corpus([]) if cached else None)  # warm-up: caches, page faults, CPU clocks
         base_config = Config(drafting.plain(), 0, config.temp, exact=config.exact)
         fast_config = Config(drafting.plain(), 0, config.temp) if config.exact and False in sessions else None
-        mine, theirs, fast = [], [], []
+        mine, theirs, fast, mine_all, theirs_all = [], [], [], [], []
         for i in range(len(prompts)):
             tries, base_tries, fast_tries = [], [], []
             corpus = Corpus(answers) if cached else None
@@ -140,7 +143,9 @@ def sweep(
                 answers.append(np.asarray(tries[0].tokens))
             theirs.append(_median(base_tries) if base_tries else mine[-1])
             fast += [_median(fast_tries)] if fast_tries else []
-        yield RowResult(config, mine, theirs, fast or None)
+            mine_all.append(tries)
+            theirs_all.append(base_tries or tries)
+        yield RowResult(config, mine, theirs, fast or None, mine_all, theirs_all)
 
 
 def _median(runs: list[Run]) -> Run:

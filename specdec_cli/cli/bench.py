@@ -12,6 +12,7 @@ from typing import Any, Optional
 import typer
 
 from .. import config, options, signals
+from ..declaration import DRAFTING, PROMPT, SAMPLING
 from ..drafting import DRAFTERS
 from ..bench import plan as bench_plan
 from ..bench import run as bench_run
@@ -29,26 +30,34 @@ RUNS = 1  # median of R per prompt; raise it on a noisy machine
 DRAFTERS_OPTION = typer.Option(
     None,
     "--drafters",
-    help=f"Comma list of {','.join(DRAFTERS)} (all of them; those that need a draft model only with one).",
+    help=f"Comma list of {', '.join(DRAFTERS)} (all of them; those that need a draft model only with one).",
+    rich_help_panel=DRAFTING,
 )
 DRAFT_TOKENS_OPTION = typer.Option(
     BENCH_DRAFT_TOKENS,
     "--draft-tokens",
     help="Comma list of draft lengths k for model and lookup ('auto' too); auto chooses its own.",
+    rich_help_panel=DRAFTING,
 )
 BRANCHES_OPTION = typer.Option(
     BENCH_BRANCHES,
     "--branches",
     help="Comma list of branch counts for the draft model and auto rows (tree drafting, e.g. 1,2,3).",
+    rich_help_panel=DRAFTING,
 )
 EXACT_OPTION = typer.Option(
     None,
     "--exact",
     help="Exact mode for the rows: on, off, or both (side by side: exact rows get a 'vs fast' column, "
-    "their speed against fast target-only) [the config's exact, else off].",
+    "their speed against fast target-only) \\[the config's exact, else off].",
+    rich_help_panel=DRAFTING,
 )
-PROMPTS_OPTION = typer.Option(suite.SUITE_NAME, "--prompts", help="The built-in suite, or a JSONL / plain-text file.")
-CATEGORIES_OPTION = typer.Option(None, "--categories", help=f"Comma list of categories ({','.join(suite.CATEGORIES)}).")
+PROMPTS_OPTION = typer.Option(
+    suite.SUITE_NAME, "--prompts", help="The built-in suite, or a JSONL / plain-text file.", rich_help_panel=PROMPT
+)
+CATEGORIES_OPTION = typer.Option(
+    None, "--categories", help=f"Comma list of categories ({', '.join(suite.CATEGORIES)}).", rich_help_panel=PROMPT
+)
 
 
 # a row's other settings, and where the models go
@@ -59,13 +68,19 @@ def bench(
     drafters: Optional[str] = DRAFTERS_OPTION,
     draft_tokens: str = DRAFT_TOKENS_OPTION,
     branches: str = BRANCHES_OPTION,
-    temps: str = typer.Option(BENCH_TEMPS, "--temps", help="Comma list of temperatures (0 = greedy)."),
+    temps: str = typer.Option(
+        BENCH_TEMPS, "--temps", help="Comma list of temperatures (0 = greedy).", rich_help_panel=SAMPLING
+    ),
     exact: Optional[str] = EXACT_OPTION,
     prompts: str = PROMPTS_OPTION,
     categories: Optional[str] = CATEGORIES_OPTION,
-    max_tokens: int = typer.Option(BENCH_MAX_TOKENS, "-n", "--max-tokens", help="Tokens generated per prompt."),
+    max_tokens: int = typer.Option(
+        BENCH_MAX_TOKENS, "-n", "--max-tokens", help="Tokens generated per prompt.", rich_help_panel=SAMPLING
+    ),
     runs: int = typer.Option(RUNS, "--runs", help="Runs per prompt and configuration (median), after one warm-up."),
-    seed: int = typer.Option(BENCH_SEED, "--seed", help="Base seed for sampled rows (prompt i uses seed + i)."),
+    seed: int = typer.Option(
+        BENCH_SEED, "--seed", help="Base seed for sampled rows (prompt i uses seed + i).", rich_help_panel=SAMPLING
+    ),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON (after every row)."),
     csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV row per configuration and category."),
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write an SVG chart of speed-up vs draft length."),

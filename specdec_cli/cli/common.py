@@ -10,13 +10,16 @@ from typing import Any, Iterator, Optional
 import typer
 
 from .. import config, ui
+from ..declaration import MODELS
 from ..models import names, store
 from ..models.catalog import KNOWN, KnownModel
 from ..options import RunConfig
 from ..session import Session, open_session
 
-PAIR = typer.Option(None, "--pair", help="A named pair from the config (default: 'default').")
-CONFIG = typer.Option(None, "--config", help="Config file (default: $SPECDEC_CONFIG, else the user config).")
+PAIR = typer.Option(None, "--pair", help="A named pair from the config (default: 'default').", rich_help_panel=MODELS)
+CONFIG = typer.Option(
+    None, "--config", help="Config file (default: $SPECDEC_CONFIG, else the user config).", rich_help_panel=MODELS
+)
 
 
 def model_ready(ref: str) -> Path:
@@ -57,12 +60,14 @@ def opened(cfg: RunConfig, *, costs: bool = False, **how: Any) -> Iterator[Sessi
     assemble(cfg)
     if cfg.draft_chosen_by == "auto":
         ui.note(f"draft: {cfg.draft_choice}; auto drafts with it where that pays")
-    with open_session(cfg, **how) as session:
+    with open_session(cfg, measuring=ui.measuring, **how) as session:
         session.lookup_corpus()
         for message in session.warnings:
             ui.warning(message)
         if costs and session.speculates:
             session.costs(session.target.tokenize("Hello, world.", special=True))
+            if session.curve.doubted:  # (a run's measurement says so in its stream: a Notice)
+                ui.warning(session.curve.doubted)
         yield session
 
 

@@ -12,6 +12,7 @@ from .. import inputs, options, signals, ui
 from ..ui import placement
 from ..engine.events import Notice, Stopped, Token
 from ..engine.stats import Result, collect
+from ..declaration import PROMPT
 from ..errors import UsageError
 from ..run_inputs import Inputs
 from ..session import Session
@@ -23,11 +24,15 @@ def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' or nothing reads standard input."),
     pair: Optional[str] = PAIR,
     config_path: Optional[Path] = CONFIG,
+    prompt_option: Optional[str] = typer.Option(
+        None, "-p", "--prompt", help="The prompt, as PROMPT (llama.cpp's name for it).", rich_help_panel=PROMPT
+    ),
     suffix: Optional[str] = typer.Option(
         None,
         "--suffix",
         help="Fill in the middle: the text after the gap (TEXT, or @FILE), PROMPT the text before it; in the "
         "model's FIM tokens, as llama-server's /infill lays them out. Needs a model trained for it (Qwen2.5-Coder).",
+        rich_help_panel=PROMPT,
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the live stream."),
     debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; show tracebacks."),
@@ -36,8 +41,15 @@ def generate(
     """Generate text from PROMPT with speculative decoding."""
     if given.get("system") is not None:
         given["system"] = _text(given["system"], "--system")
+    if prompt is not None and prompt_option is not None:
+        raise UsageError("the prompt is given twice, as PROMPT and as -p/--prompt: give it once")
     cfg = resolve(given, pair, config_path, debug=debug)
-    prompt_text = _read_prompt(prompt)
+    if cfg.logprobs is not None and not json_out:  # asked for, and the text stream would show them nowhere
+        raise UsageError(
+            "--logprobs goes into --json's output; the text stream has no place for it",
+            hint="add --json (each token's log probability and its N best alternatives), or drop --logprobs",
+        )
+    prompt_text = _read_prompt(prompt if prompt_option is None else prompt_option)
     suffix_text = _suffix(suffix)
     if suffix_text is not None and cfg.system:
         raise UsageError("--suffix fills in the middle without the chat template: --system has no place in it")
@@ -47,7 +59,7 @@ def generate(
         else:
             tokens = session.infill_tokens(prompt_text, suffix_text)
         live = not json_out and ui.live_terminal()
-        stream = None if json_out else ui.TokenStream(live)
+        stream = None if json_out else ui.TokenStream(live, session.drafter)
         if stream:
             stream.start()
         scored: list[Token] = []
@@ -65,7 +77,7 @@ def generate(
             if json_out:
                 ui.print_json(_json(session, result, scored))
             else:
-                ui.show_stats(result.stats, _title(session), live)
+                ui.show_stats(result.stats, _title(session), live, _asked(session))
     if result.interrupted:
         raise typer.Exit(signals.exit_code())
 
@@ -107,6 +119,12 @@ def _json(session: Session, result: Result, scored: list[Token]) -> dict:
         top = [[one(*alt) for alt in t.top if alt[1] != float("-inf")] for t in scored]
         out["logprobs"] = [{**one(t.id, t.logprob), "top": alts} for t, alts in zip(scored, top)]
     return out
+
+
+def _asked(session: Session) -> ui.Asked:
+    cfg, costs = session.cfg, session.curve.costs  # (None: nothing needed the cost curve, e.g. a fixed -k)
+    plain = costs.plain if costs is not None else None
+    return ui.Asked(session.drafter, cfg.draft_tokens, cfg.branches, cfg.exact, plain)
 
 
 def _title(session: Session) -> str:

@@ -14,6 +14,8 @@ import typer
 from .. import __version__, signals, ui
 from ..chat import template
 from ..errors import SpecdecError, UsageError
+from ..option_table import REFUSED
+from ..options import LLAMA_NAMES
 from .batch import batch
 from .bench import bench
 from .cache import app as cache_app
@@ -24,7 +26,9 @@ from .serve import serve
 
 app = typer.Typer(
     name="specdec",
-    help="Lossless speculative decoding over llama.cpp GGUF models.",
+    # what holds, in one line (README's "Exact output" has the figures): not lossless unless --exact
+    help="Speculative decoding over llama.cpp GGUF models: the target's output distribution (with --exact, "
+    "its greedy output token for token).",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -49,7 +53,7 @@ def _version(value: bool) -> None:
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
-    """Lossless speculative decoding over llama.cpp GGUF models."""
+    pass  # (the app's help says what specdec is)
 
 
 # --- the one error boundary -------------------------------------------------------------------
@@ -71,14 +75,14 @@ def main(argv: list[str] | None = None, *, restore_signals: bool = True) -> int:
     except SpecdecError as e:
         if show_traceback:
             traceback.print_exc()
-        hint = e.hint or ("see 'specdec --help'" if isinstance(e, UsageError) else None)
+        hint = e.hint or (help_hint(_command_path(argv)) if isinstance(e, UsageError) else None)
         ui.error(e.message, hint)
         return e.exit_code
     except _ClickUsageError as e:
         if not e.format_message():  # a group called without a command: Click has printed its help
             return 2
-        command = e.ctx.command_path if getattr(e, "ctx", None) else "specdec"
-        ui.error(e.format_message(), f"see '{command} --help'")
+        command = e.ctx.command_path if getattr(e, "ctx", None) else _command_path(argv)
+        ui.error(_llama_name(e, argv) or e.format_message(), help_hint(command))
         return 2
     except (*signals.INTERRUPTS, typer.Abort):
         ui.error("interrupted")
@@ -101,6 +105,39 @@ def main(argv: list[str] | None = None, *, restore_signals: bool = True) -> int:
             restore()
         else:
             signals.over()
+
+
+def _llama_name(e: Exception, argv: list[str]) -> str | None:
+    """An unknown option that is llama.cpp's name for one this command has, or one specdec refuses: said so,
+    where Click would guess by spelling (`--temperature` -> `--remeasure`). None: not one of llama.cpp's."""
+    name = getattr(e, "option_name", None)  # (Click's NoSuchOption)
+    if name is None:
+        return None
+    if len(name) == 2:  # Click names the first letter of an unknown `-sys`: the word as typed
+        name = next((a for a in argv if a.startswith(name) and (a in LLAMA_NAMES or a in REFUSED)), name)
+    if name in REFUSED:
+        return f"{name} is llama.cpp's; {REFUSED[name]}"
+    option = LLAMA_NAMES.get(name)
+    params = e.ctx.command.params if option and getattr(e, "ctx", None) else []
+    ours = [f for p in params for f in p.opts if f in option.flags]  # this command's flags for it
+    return f"no such option: {name}; llama.cpp's {name} is {'/'.join(ours)} here" if ours else None
+
+
+def help_hint(command: str) -> str:
+    """The hint of a usage error without its own: the help of the command it was given to, which lists its options."""
+    return f"see '{command} --help'"
+
+
+def _command_path(argv: list[str]) -> str:
+    """The command `argv` runs (`specdec models pair`), as far as its words name one."""
+    path, group = ["specdec"], typer.main.get_command(app)
+    for word in argv:
+        sub = getattr(group, "commands", {}).get(word)
+        if sub is None:
+            break
+        path.append(word)
+        group = sub
+    return " ".join(path)
 
 
 class _Stdout:

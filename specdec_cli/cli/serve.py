@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 import typer
 
 from .. import options, prefixes, signals, ui
+from ..declaration import SERVER
 from .common import CONFIG, PAIR, model_names, opened, resolve
 from ..errors import SpecdecError, UsageError
 from ..chat import isolation
@@ -25,6 +26,7 @@ PORT = 8080  # llama-server's default: clients configured for it find us
 QUEUE = 16  # requests that may wait for the one generating; more get 503 with Retry-After
 API_KEY_ENV = "SPECDEC_API_KEY"  # a key in the environment stays out of `ps` and shell history
 GIB = 1 << 30
+PREFIX_CACHE = "Prefix cache"  # --help's panel for the three (apart from SERVER: their --no-... column narrows it)
 PARALLEL = typer.Option(
     None,
     "-np",
@@ -32,6 +34,7 @@ PARALLEL = typer.Option(
     help=f"Requests generated at once, decoded together in one batch (llama-server's -np); each has its whole "
     f"context (-c), so the caches take N times the memory. Default: {DEFAULT_SLOTS} where they fit in memory, "
     "else as many as fit.",
+    rich_help_panel=SERVER,
 )
 ALLOW_ORIGIN = typer.Option(
     None,
@@ -39,6 +42,7 @@ ALLOW_ORIGIN = typer.Option(
     metavar="ORIGIN",
     help="A web page (scheme://host[:port]) whose requests are answered, with CORS headers; again for more. "
     "Others' are refused (403).",
+    rich_help_panel=SERVER,
 )
 
 
@@ -49,45 +53,64 @@ def serve(
         "--host",
         help="Address to listen on; anything but loopback needs --api-key (or --insecure-no-key) and is not "
         "checked for its Host header.",
+        rich_help_panel=SERVER,
     ),
-    port: int = typer.Option(PORT, "-p", "--port", help="Port to listen on (0: any free one; the URL says which)."),
+    port: int = typer.Option(
+        PORT, "-p", "--port", help="Port to listen on (0: any free one; the URL says which).", rich_help_panel=SERVER
+    ),
     api_key: Optional[str] = typer.Option(
         None,
         "--api-key",
         help=f"Require 'Authorization: Bearer KEY' on every request but /health (default: ${API_KEY_ENV}).",
+        rich_help_panel=SERVER,
     ),
     insecure_no_key: bool = typer.Option(
-        False, "--insecure-no-key", help="Serve a --host other machines reach without --api-key: anyone may use it."
+        False,
+        "--insecure-no-key",
+        help="Serve a --host other machines reach without --api-key: anyone may use it.",
+        rich_help_panel=SERVER,
     ),
     allow_origin: Optional[List[str]] = ALLOW_ORIGIN,
     parallel: Optional[int] = PARALLEL,
-    queue: int = typer.Option(QUEUE, "--queue", help="Requests that may wait while the slots generate; more get 503."),
+    queue: int = typer.Option(
+        QUEUE, "--queue", help="Requests that may wait while the slots generate; more get 503.", rich_help_panel=SERVER
+    ),
     max_connections: int = typer.Option(
         guard.MAX_CONNECTIONS,
         "--max-connections",
         help="Connections at once; past it a new one closes the one waiting longest for its request (503 if none).",
+        rich_help_panel=SERVER,
     ),
     header_timeout: float = typer.Option(
-        guard.HEAD_SECONDS, "--header-timeout", help="Seconds a request's line and headers may take, in all."
+        guard.HEAD_SECONDS,
+        "--header-timeout",
+        help="Seconds a request's line and headers may take, in all.",
+        rich_help_panel=SERVER,
     ),
     body_timeout: float = typer.Option(
-        guard.BODY_SECONDS, "--body-timeout", help="Seconds a request's body may take, in all, after its headers."
+        guard.BODY_SECONDS,
+        "--body-timeout",
+        help="Seconds a request's body may take, in all, after its headers.",
+        rich_help_panel=SERVER,
     ),
     prefix_cache: bool = typer.Option(
         True,
         "--prefix-cache/--no-prefix-cache",
         help="Keep the KV cells of long prompts (1,024+ tokens) in the specdec cache, so that a prompt seen before, "
         "after a restart too, is read back instead of prefilled ($SPECDEC_PREFIX_CACHE moves it).",
+        rich_help_panel=PREFIX_CACHE,
     ),
     prefix_cache_size: float = typer.Option(
         prefixes.MAX_BYTES / GIB,
         "--prefix-cache-size",
         help="GiB the prefix cache may hold on disk, over every model; the least recently used go first.",
+        rich_help_panel=PREFIX_CACHE,
     ),
     prefix_cache_hours: float = typer.Option(
         prefixes.LIFETIME / 3600,
         "--prefix-cache-hours",
         help="Hours a prompt may stay in the prefix cache unused; then its files are removed.",
+        rich_help_panel=PREFIX_CACHE,
     ),
     pair: Optional[str] = PAIR,
     config_path: Optional[Path] = CONFIG,

@@ -52,10 +52,12 @@ class Costs:
         draft_prefill: float | None = None,
         draft_load: float | None = None,
         draft_source: str | None = None,
+        spread: float | None = None,
     ):
         self.measured = dict(sorted(verify.items()))  # t(n) as timed (after a draft decode): the bench reports it
         self.draft = draft
         self.draft_source = draft_source  # whose figures draft, draft_catch_up, draft_prefill are (use_draft)
+        self.spread = spread  # a fresh measurement's: how far its passes at one size fell apart (slowest / fastest)
         self._drafts: dict[str, tuple] = {}  # other sources' figures, while another's are in use
         self.draft_catch_up = draft_catch_up
         self.draft_prefill = draft_prefill

@@ -1,12 +1,14 @@
 """Auto's cost curve kept between processes, so that a short `generate` does not pay the measurement (about
 three seconds for the default pair on 2 cores) every call.
 
-One JSON file per key in the specdec cache (curves/KEY.json, or $SPECDEC_COST_CURVES/KEY.json). The key is a hash of what the costs depend
-on: the machine, the model files (path, size, modification time: a changed file is a new key), threads,
-exact mode, where the target runs and the llama.cpp build. A file is written atomically (several processes
-at once each replace it whole), is measured again when it is older than MAX_AGE, and is ignored, with a
-warning, when it cannot be read. Auto refines its costs as rounds run: where what it observes drifts
-more than DRIFT from the kept curve, the file goes, and the next run measures again.
+One JSON file per key in the specdec cache (curves/KEY.json, or $SPECDEC_COST_CURVES/KEY.json). The key is a
+hash of what the costs depend on: the machine, the model files (by content, identity.file_identity: a changed file
+is a new key, the same file named by path, by a store's name or copied is one), threads (-t: llama.cpp's costs
+change with them), exact mode, where the target runs and the llama.cpp build. A file is written atomically (several
+processes at once each replace it whole), is measured again when it is older than MAX_AGE, and is ignored, with a
+warning, when it cannot be read. A measurement that cannot be the idle machine's (measure.doubt: another program
+held the cores) is not written. Auto refines its costs as rounds run: where what it observes drifts more than DRIFT
+from the kept curve, the file goes, and the next run measures again.
 """
 
 from __future__ import annotations

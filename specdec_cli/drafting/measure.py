@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Callable
 
 from ..engine.context import Context
@@ -24,6 +25,12 @@ REPEATS = 5  # median of 5 decodes per point: steady on a shared machine, cheap 
 WARMUP_SECONDS = 3.0  # right after loading, decodes run ~10% slow for a while
 WARMUP_MAX = 150  # ...but tiny models settle within this many decodes
 CONTEXT = 64  # tokens of context before each timed decode, so attention costs what it does in use
+# A sane idle CPU (doubt): with another program on the cores, llama.cpp's threads wait at every step for the one
+# that is descheduled, and a decode runs ~60x slower at the default -t (SmolLM2 on 2 cores: 1.38 s a token).
+MIN_BANDWIDTH = 1e9  # bytes/s: a lone token's decode reads every weight once; idle CPUs read 2-100 GB/s (here 8)
+DECODE_FLOOR = 0.005  # seconds any decode may take besides that (a tiny model's idle decode: 0.1 ms here)
+MIN_SLOPE = 1.25  # t(16) / t(1): 2-10x on an idle CPU (the tiny test models to 1.5B); flatter, t(1) was inflated
+MAX_SPREAD = 4.0  # slowest / fastest of the passes at one size (median over sizes): idle 1.0-1.8 here, busy 7-250
 
 
 class Curve:
@@ -31,7 +38,10 @@ class Curve:
     (about a second; it empties both caches, which `measurements` counts), kept between processes under
     `key` (curves.py; None: never kept), or adopted from a measurement handed in (the bench's thorough
     one); auto refines them as rounds run. `draft`: the draft's context, opened (loaded) when asked for
-    (a measurement needs it); None without a draft. `draft_load`: what loading it took, where it was loaded."""
+    (a measurement needs it); None without a draft. `draft_load`: what loading it took, where it was loaded.
+    `announce`: what shows that the machine is being measured (the UI's spinner) while it is; `check`: why a
+    measurement cannot be the idle machine's (doubt; None: no check), one that is used but never kept. After a
+    measurement, `seconds` is what it took and `doubted` the check's answer."""
 
     def __init__(
         self,
@@ -41,10 +51,15 @@ class Curve:
         key: str | None = None,
         kept: dict | None = None,
         about: dict | None = None,
+        announce: Callable[[], AbstractContextManager[object]] = nullcontext,
+        check: Callable[[Costs], str | None] | None = None,
     ):
         """kept: what curves.load read under `key` (an earlier process's measurement), or None; about: what
         the curve is kept with (curves.save)."""
         self.target, self.draft, self.n_max, self.key, self.about = target, draft, n_max, key, about
+        self.announce, self.check = announce, check
+        self.seconds = 0.0
+        self.doubted: str | None = None
         self.costs: Costs | None = None
         self.measurements = 0
         self.source: str | None = None  # "measured" | "cached" | "given": where the costs came from
@@ -54,8 +69,8 @@ class Curve:
     def keep(self) -> None:
         """Keep the curve again with the draft's figures auto has just timed (an EAGLE-3 or DFlash draft's, the MTP
         heads'): a later process knows them without loading the draft, and leaves it unloaded where it cannot pay."""
-        if self.key is not None and self.costs is not None and self.source == "measured":  # (its age stays its own)
-            curves.save(self.key, self.costs.kept(), self.about)
+        if self.key is not None and self.costs is not None and self.source == "measured" and not self.doubted:
+            curves.save(self.key, self.costs.kept(), self.about)  # (its age stays its own)
 
     def adopt(self, measured: Costs) -> Costs:
         self.costs = measured.copy(self.n_max)  # auto refines its own copy, sized for its drafts
@@ -66,10 +81,17 @@ class Curve:
         if self.costs is None and self._kept is not None:
             self.costs, self.source = self._kept.copy(), "cached"
         elif self.costs is None:
-            self.costs = measure(self.target, self.draft() if self.draft else None, tokens, self.n_max)
+            with self.announce():
+                draft = self.draft() if self.draft else None  # (loaded first: its time is not the measurement's)
+                t0 = time.perf_counter()
+                self.costs = measure(self.target, draft, tokens, self.n_max)
+                self.seconds = time.perf_counter() - t0
             self.measurements += 1
             self.source = "measured"
-            if self.key is not None:
+            # A doubted measurement is used for this run (it is the machine as it is now; auto refines it as rounds
+            # run), never kept: a later run, the machine idle again, measures its own.
+            self.doubted = self.check(self.costs) if self.check else None
+            if self.key is not None and not self.doubted:
                 curves.save(self.key, self._loaded().kept(), self.about)
         return self._loaded()
 
@@ -152,6 +174,8 @@ def measure(
     # Thorough: medians of five. Quick: the fastest of the passes (the OS slows a decode, it never speeds one
     # up), and the median of three draft decodes.
     median = statistics.median
+    # (the quick passes' spread, warm-ups left out: an idle machine repeats a decode within ~10%, a busy one not)
+    spread = None if thorough else median(max(s[-QUICK_PASSES:]) / min(s[-QUICK_PASSES:]) for s in samples.values())
     return Costs(
         {n: (median(s) if thorough else min(s)) for n, s in samples.items()},
         median(drafts) if drafts else None,
@@ -159,7 +183,40 @@ def measure(
         plain=median(plain) if plain else None,
         draft_catch_up=median(catch_up) if catch_up else None,
         draft_prefill=median(prefill) if prefill else None,
+        spread=spread,
     )
+
+
+def doubt(costs: Costs, weight_bytes: int, threads: int) -> str | None:
+    """Why a quick measurement on this CPU cannot be the idle machine's (None: it can), in words with what to try:
+    a lone token's decode slower than reading the target's `weight_bytes` at MIN_BANDWIDTH (plus DECODE_FLOOR);
+    verifying 16 tokens less than MIN_SLOPE times one (every CPU pays for a batch's arithmetic: a flat curve is an
+    inflated t(1), and makes drafting look free); or passes that fell MAX_SPREAD apart (the fastest of them is kept,
+    and the OS let few through)."""
+    one = costs.plain
+    limit = DECODE_FLOOR + weight_bytes / MIN_BANDWIDTH
+    big = max((n for n in costs.measured if n <= 16), default=1)
+    slope = costs.verify(big) / one
+    slow, flat, noisy = one > limit, big >= 8 and slope < MIN_SLOPE, (costs.spread or 1.0) > MAX_SPREAD
+    if not (slow or flat or noisy):
+        return None
+    seen = f"one token took {_shown(one)}" + (
+        f" (its {_bytes(weight_bytes)} of weights take {_shown(limit)} at most)" if slow else ""
+    )
+    seen += f", verifying {big} {'only ' if flat else ''}{slope:.2f}x that" + (
+        f" (an idle CPU: {MIN_SLOPE}x or more)" if flat else ""
+    )
+    seen += f", the same decode {costs.spread:.0f}x slower in one pass than in another" if noisy else ""
+    fewer = f", or try fewer threads (-t {threads // 2})" if threads > 1 else ""
+    return f"the machine looks busy: {seen}; this cost curve is used for this run but not kept: close other programs{fewer}"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB" if n >= 1e6 else f"{n / 1e3:,.0f} KB"
+
+
+def _shown(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 0.1 else f"{1000 * seconds:.1f} ms"
 
 
 def _timed(run, undo) -> float:

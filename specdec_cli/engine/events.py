@@ -16,9 +16,10 @@ class Origin(str, Enum):
 @dataclass(frozen=True, slots=True)
 class Prefilled:
     prompt_tokens: int
-    seconds: float
+    seconds: float  # the prompt's prefill and the run's set-up, the measurement below left out
     cached: int = 0  # of the prompt's tokens, how many the target's cache already held (a server's reuse)
     prediction: int | None = None  # the predicted answer's length in tokens, where the run was given one
+    measure_seconds: float = 0.0  # before it, auto measured this machine's costs (its first run here; 0: it did not)
 
 
 @dataclass(frozen=True, slots=True)

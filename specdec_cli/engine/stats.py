@@ -73,9 +73,11 @@ class Stats:
     tree_rounds: int = 0  # rounds that verified more than one branch
     branch_wins: list[int] = field(default_factory=list)  # branch_wins[b]: tree rounds won by branch b
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: rounds whose draft token i was accepted
+    drafted_at: list[int] = field(default_factory=list)  # drafted_at[i]: rounds that drafted a token i (k varies: auto)
     by_drafter: dict[str, DrafterStats] = field(default_factory=dict)  # "none" | "lookup" | "model"
     prefill_seconds: float = 0.0
-    ttft_seconds: float = 0.0  # time to first token: the prefill and the first round (which emits it)
+    measure_seconds: float = 0.0  # auto measuring this machine's costs before the prefill (once per model and -t)
+    ttft_seconds: float = 0.0  # time to first token: the measurement, the prefill and the first round (which emits it)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     generation_seconds: float = 0.0
@@ -104,7 +106,7 @@ class Stats:
             self.verify_seconds += event.verify_seconds
             self.generation_seconds += event.seconds
             if self.rounds == 1:
-                self.ttft_seconds = self.prefill_seconds + event.seconds
+                self.ttft_seconds = self.measure_seconds + self.prefill_seconds + event.seconds
             self.by_drafter.setdefault(event.drafter, DrafterStats()).add(event)
             self.branches += event.branches
             self.step_rows += event.step_rows
@@ -121,11 +123,15 @@ class Stats:
                 # Positions are depths: a tree's nodes beyond the chosen k are siblings, not deeper positions.
                 depth = event.drafted if event.branches == 1 else min(event.drafted, event.k or event.drafted)
                 _grow(self.accepted_at, depth)
+                _grow(self.drafted_at, depth)
                 for i in range(event.accepted):
                     self.accepted_at[i] += 1
+                for i in range(depth):
+                    self.drafted_at[i] += 1
         elif isinstance(event, Prefilled):
             self.prompt_tokens = event.prompt_tokens
             self.prefill_seconds = event.seconds
+            self.measure_seconds = event.measure_seconds
             self.prediction_tokens = event.prediction
         elif isinstance(event, Stopped):
             self.stop_reason, self.complete = event.reason, event.complete
@@ -172,14 +178,21 @@ class Stats:
         return [a / n for a in self.accepted_at] if n else []
 
     @property
+    def per_position_drafted_accept(self) -> list[float]:
+        """Entry i: of the rounds that drafted a token i, the share that had it accepted. Where k varies (auto) a
+        round that drafted fewer tokens is no rejection at i, as per_position_accept would count it."""
+        return [a / d for a, d in zip(self.accepted_at, self.drafted_at) if d]
+
+    @property
     def tokens_per_second(self) -> float:
         """Generation only: what the rounds produced over the time they took (the prefill left out)."""
         return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
 
     @property
     def wall_seconds(self) -> float:
-        """What the whole request took: the prefill (and the run's set-up) and the generation."""
-        return self.prefill_seconds + self.generation_seconds
+        """What the whole request took: a measurement of the machine, the prefill (and the run's set-up) and the
+        generation."""
+        return self.measure_seconds + self.prefill_seconds + self.generation_seconds
 
     @property
     def wall_tokens_per_second(self) -> float:
@@ -200,6 +213,7 @@ class Stats:
             "wall_tokens_per_second": round(self.wall_tokens_per_second, 3),
             "ttft_seconds": round(self.ttft_seconds, 4) if self.rounds else None,
             "prefill_seconds": round(self.prefill_seconds, 4),
+            "measure_seconds": round(self.measure_seconds, 4),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
             "generation_seconds": round(self.generation_seconds, 4),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from .catalog import KNOWN
-from .store import model_path
+from .store import model_path, status
 from .stores import Entry, Scan, scan
 
 SOURCE_PREFIX = re.compile(r"^(hf|llama\.cpp|lmstudio|ollama|config|specdec):(?=.)")  # `ollama:qwen2.5:7b`
@@ -58,7 +58,8 @@ def find(ref: str, found: Scan, role: str = "model") -> Entry:
                 f"{role} {ref!r} names {len(hits)} models: {listed}",
                 hint="use one of those names, put its store first (hf:, lmstudio:, ollama:, llama.cpp:, config:), or give the path",
             )
-    raise UsageError(f"{role} {ref!r}: no such file or model{_closest(want, entries)}", hint=_hint(found))
+    catalogue = m is None or m[1] == "specdec"  # the catalogue's names, assembled or not, as `models list` shows them
+    raise UsageError(f"{role} {ref!r}: no such file or model", hint=_hint(found, _closest(want, entries, catalogue)))
 
 
 def _key(name: str) -> str:
@@ -72,18 +73,23 @@ def _where(e: Entry) -> str:
     return f"{e.name} ({e.source}, {e.path})"
 
 
-def _closest(want: str, entries: list[Entry]) -> str:
+def _closest(want: str, entries: list[Entry], catalogue: bool) -> list[str]:
+    """The names closest to `want` (difflib, or a part of a longer name), each with where it is."""
     names = {}
     for e in entries:
         for n in (e.name, *e.aliases):
-            names.setdefault(_key(n), e)
+            names.setdefault(_key(n), _where(e))
+    if catalogue:  # a catalogue model not assembled yet is in no store, but its name works
+        for model in KNOWN.values():
+            names.setdefault(_key(model.name), f"{model.name} (specdec, {status(model).state})")
     close = difflib.get_close_matches(want, list(names), n=MAX_LISTED * 3, cutoff=0.5)
     close += [n for n in names if want and want in n and n not in close]  # a part of a longer name
-    listed = list(dict.fromkeys(names[n] for n in close))[:MAX_LISTED]
-    return "; closest: " + ", ".join(_where(e) for e in listed) if listed else ""
+    return list(dict.fromkeys(names[n] for n in close))[:MAX_LISTED]
 
 
-def _hint(found: Scan) -> str:
+def _hint(found: Scan, closest: list[str]) -> str:
+    if closest:
+        return f"closest: {', '.join(closest)}; `specdec models list` shows every model found and its name"
     if not found.entries:
         return "no GGUF model was found in the stores specdec reads (`specdec models list` shows where it looks); give a path"
     return "`specdec models list` shows every model found and its name; or give the path of a .gguf file"

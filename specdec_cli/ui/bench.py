@@ -4,62 +4,89 @@ from __future__ import annotations
 
 import sys
 
+from rich import box
 from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
+from ..bench import report
 from ..drafting import is_plain
 from . import _err, label
 
 
-COLUMNS = [  # (name, justify): the main table's, one row per configuration
-    ("drafter", "left"), ("k", "right"), ("b", "right"), ("temp", "right"), ("speedup", "right"),
-    ("ttft", "right"), ("gen tok/s", "right"), ("gen", "right"), ("predicted", "right"), ("accept", "right"),
-    ("mean acc", "right"), ("per position", "left"), ("draft/verify", "right"), ("identical", "right"),
-]  # fmt: skip
+# The main table's columns, most wanted first: at a narrow terminal the last are left out (the caption says which;
+# every figure is in --json and --csv). Short headers, so that a row is one line; the caption says the units.
+COLUMNS = [  # (header, justify, what the caption says of it)
+    ("setting", "left", None),
+    ("x", "right", "speed-up by wall time vs target alone (median)"),
+    ("noise", "right", "{band}; green/red only beyond it"),
+    ("gen", "right", "generation alone"),
+    ("pred", "right", "the cost model's for gen (! >10% off)"),
+    ("acc", "right", "accept rate"),
+    ("mean", "right", "tokens per verification"),
+    ("ttft", "right", "time to first token vs target alone's"),
+    ("tok/s", "right", "generation"),
+    ("same", "right", "greedy outputs identical to target alone's"),
+    ("d/v", "right", "draft / verify shares of generation time"),
+]
+FAST = ("vs fast", "right", "an exact row vs fast target alone")
 
 
-def _bench_table(rows: list[dict], title: str | None = None) -> Table:
-    """speedup: by wall time (prefill and generation); ttft: time to first token against target-only's; gen:
-    generation's speed-up alone, and what the cost model predicted of it."""
-    table = Table(title=title, title_justify="left")
-    for col, justify in COLUMNS:
-        table.add_column(col, justify=justify)
-    if any(r.get("speedup_vs_fast") is not None for r in rows):
-        table.add_column("vs fast", justify="right")  # an exact row against the fast target-only
-    for r in rows:
-        if r["category"] == "all":
-            table.add_row(*_cells(r, with_fast=len(table.columns) > len(COLUMNS)))
+def _bench_table(rows: list[dict], console: Console, title: str | None = None) -> Table:
+    """One row per setting ('all' prompts), one line each, as many columns as the console's width holds. A speed-up
+    is coloured only where its noise band clears 1.0x (report.beyond_noise)."""
+    rows = [r for r in rows if r["category"] == "all"]
+    temps = len({r["temp"] for r in rows}) > 1
+    columns = COLUMNS + ([FAST] if any(r.get("speedup_vs_fast") is not None for r in rows) else [])
+    cells = [dict(zip((c[0] for c in columns), _cells(r, temps))) for r in rows]
+    shown = list(columns)
+    while True:
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        for name, justify, _ in shown:
+            table.add_column(name, justify=justify, no_wrap=True)
+        for row in cells:
+            table.add_row(*(row[name] for name, _, _ in shown))
+        if len(shown) <= 3 or _width(console, table) <= console.width:
+            break
+        shown.pop()
+    table.caption = _caption(shown, [c for c in columns if c not in shown], rows, temps)
+    table.caption_justify = "left"
     return table
 
 
-def _cells(r: dict, with_fast: bool) -> list:
+def _width(console: Console, table: Table) -> int:
+    """The width a table takes unfolded (measured as if the console were unbounded: Rich clamps to its width)."""
+    return Measurement.get(console, console.options.update_width(10_000), table).maximum
+
+
+def _caption(shown: list, left_out: list, rows: list[dict], temps: bool) -> str:
+    said = [f"{name}: {what.format(band=report.noise_words(rows))}" for name, _, what in shown if what]
+    out = "; ".join(said) + ("" if temps else f". temp {rows[0]['temp']:g}" if rows else "")
+    return out + (f". Wider terminal or --json: {', '.join(c[0] for c in left_out)}" if left_out else "")
+
+
+def _cells(r: dict, temps: bool) -> list:
     plain = is_plain(r["drafter"])
-    speed = Text(f"{r['speedup']:.2f}x", style="bold green" if r["speedup"] >= 1.03 else ("" if plain else "red"))
-    pred = (
-        "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x" + (" !" if r["model_gap"] else "")
-    )
-    cells = [
-        r["drafter"] + (" (exact)" if r.get("exact") else ""),
-        str(r["draft_tokens"] or "-"),
-        str(r.get("branches", 1)),
-        f"{r['temp']:g}",
-        speed,
-        f"{r.get('ttft_ratio', 1.0):.2f}x",
-        f"{r['tokens_per_second']:.1f}",
+    style = {1: "bold green", -1: "red", 0: ""}[report.beyond_noise(r)]
+    pred = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x" + ("!" if r["model_gap"] else "")
+    noise = "-" if plain else f"{report.band_low(r):.2f}-{report.band_high(r):.2f}"
+    return [
+        _label(r, k_for_auto=True) + (f" t={r['temp']:g}" if temps else ""),
+        Text(f"{r['speedup']:.2f}x", style=style),
+        noise,
         f"{r.get('generation_speedup', r['speedup']):.2f}x",
         pred,
         "-" if plain else f"{r['accept_rate']:.0%}",
         f"{r['mean_accepted']:.2f}",
-        " ".join(f"{x:.0%}" for x in r["per_position_accept"]) or "-",
-        f"{r['draft_share']:.0%} / {r['verify_share']:.0%}",
+        f"{r.get('ttft_ratio', 1.0):.2f}x",
+        f"{r['tokens_per_second']:.1f}",
         "-" if r["identical_to_baseline"] is None else f"{r['identical_to_baseline']:.0%}",
+        f"{r['draft_share']:.0%}/{r['verify_share']:.0%}",
+        "-" if r.get("speedup_vs_fast") is None else f"{r['speedup_vs_fast']:.2f}x",
     ]
-    if with_fast:
-        cells.append("-" if r.get("speedup_vs_fast") is None else f"{r['speedup_vs_fast']:.2f}x")
-    return cells
 
 
 class BenchView:
@@ -90,7 +117,7 @@ class BenchView:
             self._live.stop()
 
     def _render(self):
-        return Group(self._progress.get_renderable(), _bench_table(self.rows))
+        return Group(self._progress.get_renderable(), _bench_table(self.rows, _err))
 
     def tick(self) -> None:
         self._progress.advance(self._task)
@@ -112,10 +139,15 @@ class BenchView:
 
 
 def show_bench(
-    rows: list[dict], curve_dict: dict, recommendation: str, header: str, exact_curve: dict | None = None
+    rows: list[dict],
+    curve_dict: dict,
+    recommendation: str,
+    header: str,
+    exact_curve: dict | None = None,
+    out: Console | None = None,
 ) -> None:
-    # The tables are wide: keep them whole in a file or a pipe rather than folding them to 80 columns.
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+    # A file or a pipe gets the tables 120 columns wide: every column, whatever the terminal that ran it.
+    out = out or Console(highlight=False, width=None if sys.stdout.isatty() else 120)
     out.print(header)
     rel = curve_dict["target_relative"]
     c = curve_dict["c"]
@@ -131,10 +163,10 @@ def show_bench(
         out.print(
             f"  draft: {curve_dict['draft_seconds_per_token'] * 1000:.1f} ms per token, c = t_draft / t_target(1) = {c:.2f}"
         )
-    out.print(_bench_table(rows))
+    out.print(_bench_table(rows, out))
     categories = sorted({r["category"] for r in rows} - {"all"})
     if len(categories) > 1:
-        out.print(_category_table(rows, categories))
+        out.print(_category_table(rows, categories, out))
     out.print(_chart(rows))
     gaps = [r for r in rows if r["category"] == "all" and r["model_gap"]]
     for r in gaps:
@@ -148,22 +180,29 @@ def show_bench(
 
 
 def _chart(rows: list[dict]) -> Text:
-    """Speed-up (by wall time) against draft length, one block per temperature; '|' marks target-only (1.0x)."""
+    """Each setting's speed-up by wall time against the target alone, one block per temperature: a bar from the
+    1.00x mark ('│') to its speed-up, its noise band ('─') around it; coloured only beyond the band, as the table.
+    The scale spans the settings' bands, so that 1.04x and 1.16x differ on it."""
     width = 40
     pts = [r for r in rows if r["category"] == "all" and not is_plain(r["drafter"])]
-    text = Text("speed-up by wall time vs draft length (| = target-only)\n")
     if not pts:
-        return text
-    top = max(1.2, max(r["speedup"] for r in pts))
-    one = round(width / top)
+        return Text("")
+    lo = min([1.0] + [report.band_low(r) for r in pts])
+    hi = max([1.0] + [report.band_high(r) for r in pts])
+    col = lambda v: round((v - lo) / ((hi - lo) or 1.0) * (width - 1))  # noqa: E731
+    text = Text(f"speed-up by wall time, {lo:.2f}x to {hi:.2f}x (│ = target alone, ─ = noise band)\n")
     for temp in sorted({r["temp"] for r in pts}):
         text.append(f"temp {temp:g}\n")
         order = lambda r: (r.get("exact", False), r["drafter"], str(r["draft_tokens"]).zfill(4), r.get("branches", 1))  # noqa: E731
         for r in sorted((r for r in pts if r["temp"] == temp), key=order):
-            n = round(width * r["speedup"] / top)
-            bar = "".join("|" if i == one - 1 and i >= n else ("█" if i < n else " ") for i in range(width))
-            text.append(f"  {_label(r, k_for_auto=True):<26}")
-            text.append(bar, style="green" if r["speedup"] >= 1.0 else "red")
+            one, at = col(1.0), col(r["speedup"])
+            low, high = col(report.band_low(r)), col(report.band_high(r))
+            cells = ["─" if low <= i <= high else " " for i in range(width)]
+            for i in range(min(one, at), max(one, at) + 1):
+                cells[i] = "█"
+            cells[one] = "│"  # the bar's foot, at 1.00x on every line
+            text.append(f"  {_label(r, k_for_auto=True):<24}")
+            text.append("".join(cells), style={1: "green", -1: "red", 0: ""}[report.beyond_noise(r)])
             text.append(f" {r['speedup']:.2f}x\n")
     return text
 
@@ -173,26 +212,37 @@ def _label(r: dict, k_for_auto: bool = False) -> str:
     return label(r["drafter"], r["draft_tokens"], r.get("branches", 1), k_for_auto, r.get("exact", False))
 
 
-def _category_table(rows: list[dict], categories: list[str]) -> Table:
+def _category_table(rows: list[dict], categories: list[str], console: Console | None = None) -> Group:
     """Speed-up per configuration and category: a column per category, or, with many (a schema each), a row
-    per category and a column per configuration."""
+    per category and a column per configuration; split into tables of fewer columns where the console is
+    narrower than one."""
     configs: list[tuple[str, float]] = []
     for r in rows:
         if (_label(r), r["temp"]) not in configs:
             configs.append((_label(r), r["temp"]))
     cells = {(_label(r), r["temp"], r["category"]): f"{r['speedup']:.2f}x" for r in rows}
     names = [f"{label} temp {temp:g}" for label, temp in configs]
-    table = Table(title="speed-up by category (wall time)", title_justify="left")
+    # (the first column's header, its rows as (label, key), the other columns as (header, key))
     if len(categories) > 6:
-        table.add_column("category")
-        for name in names:
-            table.add_column(name, justify="right")
-        for cat in categories:
-            table.add_row(cat, *(cells.get((*key, cat), "-") for key in configs))
-        return table
-    table.add_column("configuration")
-    for cat in categories:
-        table.add_column(cat, justify="right")
-    for name, key in zip(names, configs):
-        table.add_row(name, *(cells.get((*key, cat), "-") for cat in categories))
-    return table
+        first, lines, columns = "category", [(c, c) for c in categories], list(zip(names, configs))
+        cell = lambda cat, config: cells.get((*config, cat), "-")  # noqa: E731
+    else:
+        first, lines, columns = "configuration", list(zip(names, configs)), [(c, c) for c in categories]
+        cell = lambda config, cat: cells.get((*config, cat), "-")  # noqa: E731
+
+    def table(cols: list) -> Table:
+        t = Table(title="speed-up by category (wall time)", title_justify="left", box=box.SIMPLE_HEAD)
+        t.add_column(first, no_wrap=True)
+        for name, _ in cols:
+            t.add_column(name, justify="right", no_wrap=True)
+        for name, key in lines:
+            t.add_row(name, *(cell(key, col) for _, col in cols))
+        return t
+
+    console = console or Console(width=120)
+    groups: list[list] = [[]]
+    for col in columns:
+        if groups[-1] and _width(console, table(groups[-1] + [col])) > console.width:
+            groups.append([])
+        groups[-1].append(col)
+    return Group(*(table(cols) for cols in groups))
