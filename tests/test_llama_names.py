@@ -114,3 +114,8 @@ def test_generate_help_is_grouped_as_llama_cpp_groups_its_options():
 def test_the_root_help_does_not_claim_lossless():
     text = " ".join(_help([], 80).split())
     assert "Lossless" not in text and "with --exact, its greedy output token for token" in text
+
+
+def test_a_llama_name_without_its_value_is_told_so_not_called_unknown(capsys, models):
+    code, _, err = specdec(capsys, "generate", "hi", "--target", str(models["target"]), "-m")
+    assert code == 2 and "requires an argument" in one_line_error(err), err

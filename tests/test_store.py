@@ -285,6 +285,18 @@ def test_a_linked_package_that_fails_its_hash_is_left_as_it_was(whole_model, tmp
     assert leftovers(bad) == [] and (tmp_path / "site" / "specdec_fake_whole" / "whole.gguf").read_bytes() == PAYLOAD
 
 
+def test_a_killed_assemblys_link_under_our_own_pid_is_never_written_through(whole_model, tmp_path, monkeypatch):
+    """A process killed while hashing its link leaves `.NAME.PID.partial`, the package's own file under another name;
+    a later process with the same pid (a container's) must not truncate it by copying into it."""
+    package_file = tmp_path / "site" / "specdec_fake_whole" / "whole.gguf"
+    final = store.model_path(whole_model)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.link(package_file, final.with_name(f".{final.name}.{os.getpid()}.partial"))
+    monkeypatch.setattr(store.os, "link", lambda src, dst: (_ for _ in ()).throw(OSError(errno.EXDEV, "cross-device")))
+    assert store.assemble(whole_model).read_bytes() == PAYLOAD
+    assert package_file.read_bytes() == PAYLOAD
+
+
 def test_models_list_names_each_status_and_its_caption_says_what_it_means(fake_model, capsys):
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out

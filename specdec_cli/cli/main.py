@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None, *, restore_signals: bool = True) -> int:
 def _llama_name(e: Exception, argv: list[str]) -> str | None:
     """An unknown option that is llama.cpp's name for one this command has, or one specdec refuses: said so,
     where Click would guess by spelling (`--temperature` -> `--remeasure`). None: not one of llama.cpp's."""
-    name = getattr(e, "option_name", None)  # (Click's NoSuchOption)
-    if name is None:
+    if type(e).__name__ != "NoSuchOption":  # (Click's; a known option without its value is not one of these)
         return None
+    name = e.option_name
     if len(name) == 2:  # Click names the first letter of an unknown `-sys`: the word as typed
         name = next((a for a in argv if a.startswith(name) and (a in LLAMA_NAMES or a in REFUSED)), name)
     if name in REFUSED:

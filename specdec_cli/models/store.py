@@ -134,6 +134,9 @@ def _prepare(model: KnownModel) -> tuple[list[Path], Path]:
 
 def _write(model: KnownModel, parts: list[Path], final: Path, progress: Progress | None) -> Path:
     tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
+    # One under our own pid is a killed earlier process's (pids are reused): a link to the package's file, maybe,
+    # which writing through would truncate.
+    tmp.unlink(missing_ok=True)
     try:
         # The link's own bytes are hashed: what the cache holds under the final name is what was verified.
         got = sha256_of(tmp, progress) if _linked(parts, tmp) else _concatenate(parts, tmp, progress)
@@ -165,7 +168,7 @@ def _linked(parts: list[Path], tmp: Path) -> bool:
 def _concatenate(parts: list[Path], tmp: Path, progress: Progress | None) -> str:
     """Write the parts, in order, to `tmp` (synced to disk); their sha256."""
     digest = hashlib.sha256()
-    with tmp.open("wb") as out:
+    with tmp.open("xb") as out:  # (never through a file already there: it may be a package's, linked)
         for part in parts:
             with part.open("rb") as f:
                 while chunk := f.read(CHUNK):
