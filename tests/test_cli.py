@@ -25,8 +25,13 @@ def specdec(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+MEASURING = (
+    "measuring this machine's costs"  # auto's progress line (a spinner on a terminal): said before a run's error
+)
+
+
 def one_line_error(err: str) -> str:
-    lines = err.strip().splitlines()
+    lines = [line for line in err.strip().splitlines() if not line.startswith(MEASURING)]
     assert lines and lines[0].startswith("error: "), err
     assert len(lines) <= 2 and all(not line.startswith("Traceback") for line in lines), err
     return lines[0]

@@ -24,6 +24,7 @@ import llama_cpp.llama_cpp as L
 
 from specdec_cli.backend import rpc
 from specdec_cli.cli import main
+from test_cli import MEASURING
 
 START_SECONDS = 60  # a server answers its first handshake well within this, even on a loaded machine
 
@@ -42,7 +43,7 @@ def cli(*args, timeout: float = 300, env: dict | None = None, **kw) -> subproces
 
 def error_line(r: subprocess.CompletedProcess, code: int = 1) -> str:
     """Exit `code`, `error: ...` on stderr's first line, at most a hint after it, no traceback."""
-    lines = r.stderr.strip().splitlines()
+    lines = [line for line in r.stderr.strip().splitlines() if not line.startswith(MEASURING)]
     shown = f"exit {r.returncode}\nstderr: {r.stderr[-2000:]}"
     assert r.returncode == code, shown
     assert lines and lines[0].startswith("error: "), shown
