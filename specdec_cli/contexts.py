@@ -94,3 +94,14 @@ def companions(
         (lambda i: heads[i]()) if contexts[0].model.heads else None,
         (lambda i: drafts_[i]()) if hidden is not None else None,
     )
+
+
+def exact_caveat(target: Model, ctx: Context) -> list[str]:
+    """What exact mode cannot promise where the target also runs on backends other than the CPU (README: Exact
+    output): their kernels are their own (a context counts them only in exact mode)."""
+    if not ctx.other_backends:
+        return []
+    return [
+        f"--exact holds on CPU backends only; {target.name} also runs on {ctx.other_backends} other backend(s) (GPU "
+        "or RPC), whose kernels depend on the batch: greedy output may still differ from --drafter none at near-ties"
+    ]

@@ -16,7 +16,7 @@ from . import fit
 from .backend import draft_files, hidden, native, vocab
 from .backend.context import Context, Run
 from .backend.native import Model
-from .drafting import DRAFTERS, native_kind
+from .drafting import DRAFTERS, able, native_kind
 from .drafting.dflash import DFlashCache
 from .drafting.eagle3 import Eagle3Cache
 from .drafting.hidden import FeatureCache
@@ -131,3 +131,18 @@ def hidden_cache(
     ctx, tap = opened
     cls = Eagle3Cache if ctx.file.arch == "eagle3" else DFlashCache
     return cls(hidden.DraftSeqs(ctx, slot, run), hidden.TapSeqs(tap, target, slot))
+
+
+def speculation(cfg, target: Model, mtp_layers: int, warn: Callable[[str], None]) -> str:
+    """The drafter, once the target's cache is known: auto decodes plainly where it cannot roll back (said by
+    `warn`); exact mode refuses a recurrent target. The draft is read after (`drafter`)."""
+    if cfg.exact and target.recurrent:
+        raise UsageError(
+            f"--exact: {target.name} ({target.architecture}) keeps a recurrent state, whose batched and one-token "
+            "kernels exact mode does not cover",
+            hint="run without --exact (README: Models)",
+        )
+    drafter = able(cfg.drafter, target, mtp_layers)
+    if drafter != cfg.drafter:
+        warn(f"{target.name} cannot speculate: {target.rollback_problem()}; auto decodes it plainly")
+    return drafter

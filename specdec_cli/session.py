@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import functools
 import time
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import replace
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from . import contexts, drafting, drafts, fit, prefixes
 from .backend import devices, gguf_file, mtp, rpc, vocab
@@ -17,28 +16,18 @@ from .backend.native import Model
 from .batching.rendezvous import Steps
 from .batching.slots import Slot, home, shares
 from .drafting import cache as lookup_cache
-from .drafting import NEVER, cost, curves, measure
+from .drafting import NEVER, cost, measure
 from .drafting.corpus import Corpus
 from .run_inputs import CACHED, Inputs
 from .engine import kv
 from .chat import fim, prompt
 from .chat.prompt import PromptTooLong  # noqa: F401 (re-exported: the server and tests catch it)
-from .engine.events import Event, Notice, Prefilled
+from .engine.events import Event, with_setup
 from .engine.speculative import generate
-from .errors import UsageError
 from .once import Once
 from .fit import context_sizes
 from .text import with_text
 from .options import AUTO_K_MAX, MAX_BRANCHES, MAX_DRAFT_TOKENS, RunConfig  # noqa: F401 (RunConfig: re-exported)
-
-
-# What shows the user that auto measures this machine's costs, given the threads and the curves' folder (the UI's
-# spinner): the engine and drafting return data only.
-Measuring = Callable[[int, Path], AbstractContextManager[object]]
-
-
-def _unseen(threads: int, folder: Path) -> AbstractContextManager[object]:
-    return nullcontext()
 
 
 class Session:
@@ -51,7 +40,7 @@ class Session:
         max_draft: int | None = None,
         lazy_draft: bool = False,
         slots: int = 1,
-        measuring: Measuring = _unseen,
+        measuring: measure.Measuring = measure.unseen,
     ):
         """max_draft: the longest draft a run may send (default: -k, else auto's longest): a recurrent
         target keeps a snapshot of its state per draft token. lazy_draft: load the draft model at its first
@@ -59,7 +48,7 @@ class Session:
         server's generations at once (`open_slots`), each with its share of the contexts (layout.py); 0: as many as
         fit in memory, up to DEFAULT_SLOTS. measuring: what shows the user that auto is measuring this machine (the
         UI's spinner), given the threads and where the curve is kept."""
-        self.cfg, self._stack, self._measuring = cfg, stack, measuring
+        self.cfg, self._stack = cfg, stack
         t0 = time.perf_counter()
         # --rpc: the target's layers on the servers (and this machine's GPUs, as llama.cpp would); the draft
         # never leaves this machine (fit.wants). Where each model's layers go is decided before it loads.
@@ -75,7 +64,7 @@ class Session:
         heads = drafting.kind(cfg.drafter).heads != NEVER and mtp.usable(cfg.target)
         # Exact mode changes how the target computes; the draft's numerics never change the output.
         self.target = stack.enter_context(Model(cfg.target, exact=cfg.exact, offload=plan.target, heads=heads))
-        drafter = self._speculation(cfg)  # plain decoding where the target cannot roll back
+        drafter = drafts.speculation(cfg, self.target, self.mtp_layers, self.warnings.append)  # (plain: no rollback)
         self.speculates = not drafting.kind(drafter).plain
         # The draft: a draft model, or one trained on the target's hidden states (checked against it: drafts.py).
         self.draft_of = drafts.read(cfg, self.target, stack, self.speculates, self.warnings.append)
@@ -104,7 +93,14 @@ class Session:
         self.companions = contexts.companions(
             self.target_contexts, self.layout, hidden, plan, self._draft_bytes, cfg.threads, stack
         )
-        self.curve = self._curve(cfg, plan)
+        # The pair's cost curve: the draft's file counts even unloaded, a hidden-state draft's target's too.
+        paths = [cfg.target] + [p for p in (self._draft_file, cfg.draft if hidden else None) if p]
+        where = self.where + fit.layout(plan)  # a curve measured with other layers offloaded is another's
+        anew, weights = not self.speculates or cfg.remeasure, self.target.weight_bytes
+        self.curve = measure.of_pair(
+            self.target_ctx, self._draft, paths, cfg.threads, cfg.exact, where, AUTO_K_MAX + 1, weights,
+            anew=anew, measuring=measuring, warn=self.warnings.append,
+        )  # fmt: skip
         self.kept = kv.Kept(lambda: self.curve.measurements)  # a measurement empties both caches
         self.home = home(self.target_ctx, self._draft, self.kept, self.companions)
         self.prefixes: prefixes.Store | None = None  # a server's long prompts on disk (keep_prefixes)
@@ -114,34 +110,8 @@ class Session:
             self.draft_context()
         if servers:
             rpc.watch_connections()  # a server machine that vanishes ends the run instead of hanging it
-        if self.target_ctx.other_backends:
-            self.warnings.append(
-                f"--exact holds on CPU backends only; {self.target.name} also runs on {self.target_ctx.other_backends} "
-                "other backend(s) (GPU or RPC), whose kernels depend on the batch: greedy output may still differ from "
-                "--drafter none at near-ties"
-            )
+        self.warnings += contexts.exact_caveat(self.target, self.target_ctx)
         self.load_seconds = time.perf_counter() - t0
-
-    def _curve(self, cfg: RunConfig, plan: fit.Plan) -> measure.Curve:
-        """The cost curve of this pair on this machine: kept from an earlier run, or measured at the first need."""
-        paths = [cfg.target] + [p for p in (self._draft_file, cfg.draft if self.draft_of.hidden else None) if p]
-        where = self.where + fit.layout(plan)  # a curve measured with other layers offloaded is another's
-        about = curves.about(paths, cfg.threads, cfg.exact, where, AUTO_K_MAX + 1)
-        key, measure_anew = curves.key(about), not self.speculates or cfg.remeasure
-        kept = None if measure_anew else curves.load(key, self.warnings.append)
-        # Only a CPU's costs are checked for sense (measure.doubt): a GPU's verify curve is flat, an RPC server's slow.
-        threads = cfg.threads
-        check = functools.partial(measure.doubt, weight_bytes=self.target.weight_bytes, threads=threads)
-        return measure.Curve(
-            self.target_ctx,
-            self._draft,
-            AUTO_K_MAX + 1,
-            key=key,
-            kept=kept,
-            about=about,
-            announce=lambda: self._measuring(threads, curves.folder()),
-            check=check if where == "local" else None,
-        )
 
     @property
     def has_draft(self) -> bool:
@@ -158,21 +128,6 @@ class Session:
         self.draft, self.draft_ctx = draft, ctx
         self.curve.draft_load = time.perf_counter() - t0
         return ctx
-
-    def _speculation(self, cfg: RunConfig) -> str:
-        """The drafter, once the target's cache is known: auto decodes plainly where it cannot roll back."""
-        if cfg.exact and self.target.recurrent:
-            raise UsageError(
-                f"--exact: {self.target.name} ({self.target.architecture}) keeps a recurrent state, whose batched "
-                "and one-token kernels exact mode does not cover",
-                hint="run without --exact (README: Models)",
-            )
-        drafter = drafting.able(cfg.drafter, self.target, self.mtp_layers)  # (the draft is read after: drafts.drafter)
-        if drafter != cfg.drafter:
-            self.warnings.append(
-                f"{self.target.name} cannot speculate: {self.target.rollback_problem()}; auto decodes it plainly"
-            )
-        return drafter
 
     def check_branches(self, branches: int, draft: Model | None = None) -> None:
         drafting.check_branches(branches, [m for m in (self.target, draft or self.draft) if m is not None])
@@ -282,7 +237,7 @@ class Session:
         doubted = self.curve.doubted if measured else None
         setup = time.perf_counter() - t0 - measured
         try:
-            events = _with_setup(generate(main, drafter, tokens, settings), setup, predicted, measured, doubted)
+            events = with_setup(generate(main, drafter, tokens, settings), setup, predicted, measured, doubted)
             yield from with_text(events, self.target.piece)
         except GeneratorExit:  # the consumer walked away between rounds: the caches are rolled back, whole
             slot.kept.keep()
@@ -337,26 +292,6 @@ class Session:
         return self.curve.adopt(measured) if measured is not None else self.curve.get(tokens)
 
 
-def _with_setup(
-    events: Iterator[Event],
-    seconds: float,
-    predicted: tuple[int, ...] | None,
-    measured: float = 0.0,
-    doubted: str | None = None,
-) -> Iterator[Event]:
-    """The engine's events, the run's set-up before the engine started counted in its prefill, the machine's
-    measurement (`measured` seconds) beside it, and the predicted answer's length (None: none) told with it: the engine
-    sees token ids only, not where a drafter's came from. `doubted`: why that measurement is not kept, a Notice."""
-    n = len(predicted) if predicted is not None else None
-    for event in events:
-        if isinstance(event, Prefilled):
-            yield replace(event, seconds=event.seconds + seconds, prediction=n, measure_seconds=measured)
-            if doubted:
-                yield Notice(doubted)
-        else:
-            yield event
-
-
 class open_session:
     """`with open_session(cfg) as s: ...`: a Session that frees everything on the way out (contexts before models). A
     class, not a generator: a caller that keeps only the session (`open_session(cfg).__enter__()`) keeps it loaded."""
@@ -367,7 +302,7 @@ class open_session:
         max_draft: int | None = None,
         lazy_draft: bool = False,
         slots: int = 1,
-        measuring: Measuring = _unseen,
+        measuring: measure.Measuring = measure.unseen,
     ):
         self.cfg, self.max_draft, self.lazy_draft, self.slots = cfg, max_draft, lazy_draft, slots
         self.measuring = measuring

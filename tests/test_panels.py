@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from specdec_cli import ui
-from specdec_cli.bench import report
+from specdec_cli.bench import chart, report
 from specdec_cli.drafting.cost import Costs
 from specdec_cli.engine.events import Origin, Round
 from specdec_cli.engine.stats import Stats
@@ -161,7 +161,7 @@ def test_the_chart_plots_speed_up_per_setting_with_its_noise_band():
         "settings": {"prompt_count": 6, "max_tokens": 64, "runs": 3},
         "rows": [_row("none", 0, 1.0), _row("lookup", 3, 1.2, 1.1, 1.3, 3), _row("auto", "auto", 0.9, 0.85, 0.95, 3)],
     }
-    svg = ET.fromstring(report.to_svg(doc))
+    svg = ET.fromstring(chart.to_svg(doc))
     texts = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text")]
     assert any("qwen2.5-coder-1.5b.gguf" in t and "qwen2.5-coder-0.5b.gguf" in t for t in texts)  # the title
     assert any("AMD EPYC" in t and "2 threads" in t for t in texts)  # the machine

@@ -13,7 +13,7 @@ from ..drafting import measure
 from ..errors import UsageError
 from ..outputs import write_atomic
 from ..session import Session, open_session
-from . import report, runner
+from . import chart, report, runner
 from .plan import Plan
 
 
@@ -121,4 +121,4 @@ def write(doc: dict, files: dict[str, Path | None]) -> None:
     if files["--csv"]:
         write_atomic(files["--csv"], report.to_csv(doc["rows"]))
     if files["--plot"]:
-        write_atomic(files["--plot"], report.to_svg(doc))
+        write_atomic(files["--plot"], chart.to_svg(doc))

@@ -45,6 +45,45 @@ ALLOW_ORIGIN = typer.Option(
     rich_help_panel=SERVER,
 )
 
+# The connection guard's limits and the prefix cache's settings: declared here, each group under its --help panel.
+MAX_CONNECTIONS = typer.Option(
+    guard.MAX_CONNECTIONS,
+    "--max-connections",
+    help="Connections at once; past it a new one closes the one waiting longest for its request (503 if none).",
+    rich_help_panel=SERVER,
+)
+HEADER_TIMEOUT = typer.Option(
+    guard.HEAD_SECONDS,
+    "--header-timeout",
+    help="Seconds a request's line and headers may take, in all.",
+    rich_help_panel=SERVER,
+)
+BODY_TIMEOUT = typer.Option(
+    guard.BODY_SECONDS,
+    "--body-timeout",
+    help="Seconds a request's body may take, in all, after its headers.",
+    rich_help_panel=SERVER,
+)
+PREFIX_CACHE_ON = typer.Option(
+    True,
+    "--prefix-cache/--no-prefix-cache",
+    help="Keep the KV cells of long prompts (1,024+ tokens) in the specdec cache, so that a prompt seen before, "
+    "after a restart too, is read back instead of prefilled ($SPECDEC_PREFIX_CACHE moves it).",
+    rich_help_panel=PREFIX_CACHE,
+)
+PREFIX_CACHE_SIZE = typer.Option(
+    prefixes.MAX_BYTES / GIB,
+    "--prefix-cache-size",
+    help="GiB the prefix cache may hold on disk, over every model; the least recently used go first.",
+    rich_help_panel=PREFIX_CACHE,
+)
+PREFIX_CACHE_HOURS = typer.Option(
+    prefixes.LIFETIME / 3600,
+    "--prefix-cache-hours",
+    help="Hours a prompt may stay in the prefix cache unused; then its files are removed.",
+    rich_help_panel=PREFIX_CACHE,
+)
+
 
 @options.with_options(*(k for k in options.BY_KEY if k != "prediction"))  # a request's own (its `prediction`)
 def serve(
@@ -75,43 +114,12 @@ def serve(
     queue: int = typer.Option(
         QUEUE, "--queue", help="Requests that may wait while the slots generate; more get 503.", rich_help_panel=SERVER
     ),
-    max_connections: int = typer.Option(
-        guard.MAX_CONNECTIONS,
-        "--max-connections",
-        help="Connections at once; past it a new one closes the one waiting longest for its request (503 if none).",
-        rich_help_panel=SERVER,
-    ),
-    header_timeout: float = typer.Option(
-        guard.HEAD_SECONDS,
-        "--header-timeout",
-        help="Seconds a request's line and headers may take, in all.",
-        rich_help_panel=SERVER,
-    ),
-    body_timeout: float = typer.Option(
-        guard.BODY_SECONDS,
-        "--body-timeout",
-        help="Seconds a request's body may take, in all, after its headers.",
-        rich_help_panel=SERVER,
-    ),
-    prefix_cache: bool = typer.Option(
-        True,
-        "--prefix-cache/--no-prefix-cache",
-        help="Keep the KV cells of long prompts (1,024+ tokens) in the specdec cache, so that a prompt seen before, "
-        "after a restart too, is read back instead of prefilled ($SPECDEC_PREFIX_CACHE moves it).",
-        rich_help_panel=PREFIX_CACHE,
-    ),
-    prefix_cache_size: float = typer.Option(
-        prefixes.MAX_BYTES / GIB,
-        "--prefix-cache-size",
-        help="GiB the prefix cache may hold on disk, over every model; the least recently used go first.",
-        rich_help_panel=PREFIX_CACHE,
-    ),
-    prefix_cache_hours: float = typer.Option(
-        prefixes.LIFETIME / 3600,
-        "--prefix-cache-hours",
-        help="Hours a prompt may stay in the prefix cache unused; then its files are removed.",
-        rich_help_panel=PREFIX_CACHE,
-    ),
+    max_connections: int = MAX_CONNECTIONS,
+    header_timeout: float = HEADER_TIMEOUT,
+    body_timeout: float = BODY_TIMEOUT,
+    prefix_cache: bool = PREFIX_CACHE_ON,
+    prefix_cache_size: float = PREFIX_CACHE_SIZE,
+    prefix_cache_hours: float = PREFIX_CACHE_HOURS,
     pair: Optional[str] = PAIR,
     config_path: Optional[Path] = CONFIG,
     debug: bool = typer.Option(False, "--debug", help="Check the KV caches after every round; log every request."),

@@ -4,9 +4,11 @@ kept between processes (curves.py), or adopted from the bench's measurement."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Callable
 
 from ..engine.context import Context
@@ -31,6 +33,14 @@ MIN_BANDWIDTH = 1e9  # bytes/s: a lone token's decode reads every weight once; i
 DECODE_FLOOR = 0.005  # seconds any decode may take besides that (a tiny model's idle decode: 0.1 ms here)
 MIN_SLOPE = 1.25  # t(16) / t(1): 2-10x on an idle CPU (the tiny test models to 1.5B); flatter, t(1) was inflated
 MAX_SPREAD = 4.0  # slowest / fastest of the passes at one size (median over sizes): idle 1.0-1.8 here, busy 7-250
+
+# What shows the user that auto measures this machine's costs, given the threads and the curves' folder (the UI's
+# spinner): the engine and drafting return data only.
+Measuring = Callable[[int, Path], AbstractContextManager[object]]
+
+
+def unseen(threads: int, folder: Path) -> AbstractContextManager[object]:
+    return nullcontext()
 
 
 class Curve:
@@ -108,6 +118,31 @@ class Curve:
             if not 1 / curves.DRIFT <= ratio <= curves.DRIFT:
                 curves.drop(self.key)
                 self._kept = None
+
+
+def of_pair(
+    target: Context,
+    draft: Callable[[], Context] | None,
+    paths: list[Path],
+    threads: int,
+    exact: bool,
+    where: str,
+    n_max: int,
+    weight_bytes: int,
+    *,
+    anew: bool,
+    measuring: Measuring,
+    warn: Callable[[str], None],
+) -> Curve:
+    """A session's curve for the computation of `paths` (the target's file first) on this machine: kept from an
+    earlier process (unless `anew`), else measured at the first need while `measuring` shows it. Only a local CPU's
+    costs are checked for sense (doubt): a GPU's verify curve is flat, an RPC server's decode slow."""
+    about = curves.about(paths, threads, exact, where, n_max)
+    key = curves.key(about)
+    check = functools.partial(doubt, weight_bytes=weight_bytes, threads=threads) if where == "local" else None
+    announce = functools.partial(measuring, threads, curves.folder())
+    kept = None if anew else curves.load(key, warn)
+    return Curve(target, draft, n_max, key=key, kept=kept, about=about, announce=announce, check=check)
 
 
 def measure(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Iterator
 
 
 class Origin(str, Enum):
@@ -73,3 +74,23 @@ class Notice:
 
 
 Event = Prefilled | Token | Round | Notice | Stopped
+
+
+def with_setup(
+    events: Iterator[Event],
+    seconds: float,
+    predicted: tuple[int, ...] | None,
+    measured: float = 0.0,
+    doubted: str | None = None,
+) -> Iterator[Event]:
+    """The engine's events, the run's set-up before the engine started counted in its prefill, the machine's
+    measurement (`measured` seconds) beside it, and the predicted answer's length (None: none) told with it: the engine
+    sees token ids only, not where a drafter's came from. `doubted`: why that measurement is not kept, a Notice."""
+    n = len(predicted) if predicted is not None else None
+    for event in events:
+        if isinstance(event, Prefilled):
+            yield replace(event, seconds=event.seconds + seconds, prediction=n, measure_seconds=measured)
+            if doubted:
+                yield Notice(doubted)
+        else:
+            yield event
