@@ -52,6 +52,20 @@ def test_the_panel_shows_what_was_asked_and_a_predicted_line_against_the_target_
     assert unknown["asked"] == "--drafter model, -k 3" and "vs target alone" not in unknown
 
 
+def test_a_run_with_plain_rounds_enough_compares_with_them_not_with_the_curves_t1():
+    """t(1) leaves out the loop's own work per token (sampling, the events): a run of mostly plain rounds read ~5%
+    below 1.00x against it. Its own plain rounds are the target alone as it ran."""
+    plain = [Round(drafted=0, accepted=0, emitted=1, draft_seconds=0.0, verify_seconds=0.02, seconds=0.025)] * 9
+    stats = _stats(_round(3, 3), *plain)  # 4 + 9 tokens in 0.02 + 9 * 0.025 s
+    row = dict(ui.stat_rows(stats, ui.Asked("auto", None, plain_seconds=0.02)))["vs target alone"]
+    assert (
+        row
+        == f"{stats.tokens_per_second * 0.025:.2f}x, against this run's 9 plain rounds (target alone: 25.0 ms a token here)"
+    )
+    few = dict(ui.stat_rows(_stats(_round(3, 3), *plain[:7]), ui.Asked("auto", None, plain_seconds=0.02)))
+    assert few["vs target alone"].endswith("predicted (target alone: 20.0 ms a token here)")
+
+
 def test_a_branches_line_without_branches_says_it_is_autos_lookup_trees():
     stats = _stats(_round(3, 2, "auto", branches=2, winner=1))
     asked_one = dict(ui.stat_rows(stats, ui.Asked("auto", None)))["branches"]

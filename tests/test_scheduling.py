@@ -525,3 +525,33 @@ def test_a_stop_that_lands_as_a_slot_thread_starts_ends_the_server_cleanly(monke
         assert job.done.is_set() and job.out.get_nowait() == "an item"
     finally:
         restore()
+
+
+@pytest.mark.parametrize("where", ["_decode", "_stake"])
+def test_a_signal_that_cuts_a_step_anywhere_leaves_its_generations_to_end_at_the_stop(monkeypatch, where):
+    """SIGTERM raises on the decoding thread wherever it is: in the decode, or after it, before the step has answered
+    its parts (a CI run: the stream of `test_sigterm_mid_stream_ends_the_stream_cleanly_and_exits_0` hung, its part
+    taken from the waiting list and never answered, and the server's close waited on its connection for ever)."""
+    from specdec_cli.batching import rendezvous
+
+    steps, ctx, errors = Steps(), Recorder(), []
+
+    def run():
+        with steps.joined():
+            try:
+                steps.decode(ctx, Part([1], [0], [(0,)], 0))
+            except RuntimeError as e:
+                errors.append(str(e))
+
+    def signalled(*args):
+        raise KeyboardInterrupt  # as signals.py's handler raises, on this thread
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    handed_over(steps, 1)
+    monkeypatch.setattr(rendezvous.Steps if where == "_decode" else rendezvous, where, signalled)
+    with pytest.raises(KeyboardInterrupt):
+        steps.step(1.0)
+    steps.close(RuntimeError("shutting down"))
+    thread.join(10)
+    assert not thread.is_alive() and errors == ["shutting down"]

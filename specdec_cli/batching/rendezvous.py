@@ -78,6 +78,7 @@ class Steps:
         self._cond = threading.Condition()
         self._turn = threading.Lock()
         self._waiting: list[tuple[Decodes, Part]] = []
+        self._taken: list[Part] = []  # the parts of the step under way (on the decoding thread)
         self._running = 0  # generation threads between `joined` and its end, less those `released`
         self._closed: BaseException | None = None
         self._poked = False
@@ -165,16 +166,12 @@ class Steps:
             if not self._all_in():
                 return False
             ctx, parts = self._choose()
+            self._taken = parts  # (before they leave the waiting list: a signal anywhere after, `close` ends them)
             for p in parts:
                 self._waiting.remove((ctx, p))
         t0 = time.perf_counter()
-        try:
-            with self._turn:
-                self._decode(ctx, parts)
-        except BaseException:  # a signal: the parts wait again, for `close` to end them
-            with self._cond:
-                self._waiting += [(ctx, p) for p in parts if not p.done.is_set()]
-            raise
+        with self._turn:
+            self._decode(ctx, parts)
         seconds, n = time.perf_counter() - t0, sum(p.size for p in parts)
         self.steps, self.rows, self.shared = self.steps + 1, self.rows + n, self.shared + (len(parts) > 1)
         self.seconds += seconds
@@ -184,6 +181,7 @@ class Steps:
         for p in parts:
             p.figures = StepFigures(p.size, n, seconds, stake - _stake(p) + 1, p is teacher, ahead - _ahead(p))
             p.done.set()
+        self._taken = []
         return True
 
     def close(self, error: BaseException) -> None:
@@ -191,10 +189,12 @@ class Steps:
         server's 503); the generations roll back and end."""
         with self._cond:
             self._closed = error
-            for _, p in self._waiting:
+            # (a step a signal cut holds parts no longer waiting: each that has not been answered is, with the error)
+            for p in [p for _, p in self._waiting] + [p for p in self._taken if not p.done.is_set()]:
                 p.error = error
                 p.done.set()
             self._waiting.clear()
+            self._taken = []
             self._cond.notify_all()
 
     @staticmethod

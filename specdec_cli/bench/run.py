@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import signals, ui
+from ..backend import neighbours
 from ..drafting import cost as costmodel
 from ..drafting import measure
 from ..errors import UsageError
@@ -46,6 +47,7 @@ def run(plan: Plan) -> tuple[dict, costmodel.Costs, bool]:
             "rows": [],
         }
         write(doc, plan.files)
+        before = neighbours.sample()  # (what other programs take while the rows run: finish says it)
         view = ui.BenchView(runner.generations(plan.configs, plan.prompts, plan.settings["runs"]))
         try:
             with view:
@@ -61,11 +63,17 @@ def run(plan: Plan) -> tuple[dict, costmodel.Costs, bool]:
                 for result in sweep:
                     new = report.rows_for(result, plan.prompts, curves[result.config.exact])
                     doc["rows"] += new
+                    doc["machine"]["other_programs_cores"] = _others(before)
                     write(doc, plan.files)
                     view.add(new)
         except signals.INTERRUPTS:
             return doc, curves[modes[0]], True
     return doc, curves[modes[0]], False
+
+
+def _others(before: neighbours.Sample | None) -> float | None:
+    others = neighbours.others(before, neighbours.sample())
+    return round(others, 2) if others is not None else None
 
 
 def finish(plan: Plan, doc: dict, curve: costmodel.Costs, interrupted: bool) -> None:
@@ -80,10 +88,16 @@ def finish(plan: Plan, doc: dict, curve: costmodel.Costs, interrupted: bool) -> 
             f"specdec bench: {cfg.target.name}"
             + (f" <- {cfg.draft.name}" if cfg.draft else "")
             + (f" (target on {doc['models']['target_on']})" if cfg.rpc else "")
-            + f", {len(plan.prompts)} prompts, {plan.settings['max_tokens']} tokens each, {cfg.threads} threads, "
+            + f", {len(plan.prompts)} prompts, {plan.settings['max_tokens']} tokens each, {cfg.threads} thread{'s' if cfg.threads > 1 else ''}, "
             + f"{machine['cpu']} ({machine['cpu_features']})"
         )
         ui.show_bench(rows, doc["cost_curve"], doc["recommendation"], header, doc.get("cost_curve_exact"))
+        others = machine.get("other_programs_cores")
+        if measure.shared(others, cfg.threads):
+            ui.warning(
+                f"other programs took {others:.1f} of this machine's CPUs while the rows ran at -t {cfg.threads}: these "
+                "timings are of a shared machine; rerun on an idle one (or with fewer threads) before deciding by them"
+            )
         if interrupted:
             json_file = plan.files["--json"]
             ui.note("interrupted: every finished row is kept" + (f" in {json_file}" if json_file else ""))

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Callable
 
+from ..backend import neighbours
 from ..engine.context import Context
 from ..engine.kv import Sequence
 from . import curves
@@ -33,6 +34,10 @@ MIN_BANDWIDTH = 1e9  # bytes/s: a lone token's decode reads every weight once; i
 DECODE_FLOOR = 0.005  # seconds any decode may take besides that (a tiny model's idle decode: 0.1 ms here)
 MIN_SLOPE = 1.25  # t(16) / t(1): 2-10x on an idle CPU (the tiny test models to 1.5B); flatter, t(1) was inflated
 MAX_SPREAD = 4.0  # slowest / fastest of the passes at one size (median over sizes): idle 1.0-1.8 here, busy 7-250
+# Cores' worth of CPU that other programs may take while a curve is measured with -t leaving them none (a desktop's
+# background: ~0.05; one other program decoding or compiling: 1 or more). Beyond it the curve is doubted however it
+# looks: the kernel's count (backend/neighbours.py) catches a moderately skewed curve that passes every check above.
+MIN_OTHERS = 0.5
 
 # What shows the user that auto measures this machine's costs, given the threads and the curves' folder (the UI's
 # spinner): the engine and drafting return data only.
@@ -62,7 +67,7 @@ class Curve:
         kept: dict | None = None,
         about: dict | None = None,
         announce: Callable[[], AbstractContextManager[object]] = nullcontext,
-        check: Callable[[Costs], str | None] | None = None,
+        check: Callable[[Costs, float | None], str | None] | None = None,
     ):
         """kept: what curves.load read under `key` (an earlier process's measurement), or None; about: what
         the curve is kept with (curves.save)."""
@@ -93,14 +98,15 @@ class Curve:
         elif self.costs is None:
             with self.announce():
                 draft = self.draft() if self.draft else None  # (loaded first: its time is not the measurement's)
-                t0 = time.perf_counter()
+                t0, before = time.perf_counter(), neighbours.sample()
                 self.costs = measure(self.target, draft, tokens, self.n_max)
                 self.seconds = time.perf_counter() - t0
+                others = neighbours.since(before)  # (who else ran meanwhile: not the measurement's time)
             self.measurements += 1
             self.source = "measured"
             # A doubted measurement is used for this run (it is the machine as it is now; auto refines it as rounds
             # run), never kept: a later run, the machine idle again, measures its own.
-            self.doubted = self.check(self.costs) if self.check else None
+            self.doubted = self.check(self.costs, others) if self.check else None
             if self.key is not None and not self.doubted:
                 curves.save(self.key, self._loaded().kept(), self.about)
         return self._loaded()
@@ -139,7 +145,7 @@ def of_pair(
     costs are checked for sense (doubt): a GPU's verify curve is flat, an RPC server's decode slow."""
     about = curves.about(paths, threads, exact, where, n_max)
     key = curves.key(about)
-    check = functools.partial(doubt, weight_bytes=weight_bytes, threads=threads) if where == "local" else None
+    check = (lambda costs, others: doubt(costs, weight_bytes, threads, others)) if where == "local" else None
     announce = functools.partial(measuring, threads, curves.folder())
     kept = None if anew else curves.load(key, warn)
     return Curve(target, draft, n_max, key=key, kept=kept, about=about, announce=announce, check=check)
@@ -222,12 +228,24 @@ def measure(
     )
 
 
-def doubt(costs: Costs, weight_bytes: int, threads: int) -> str | None:
+def shared(others: float | None, threads: int, cores: int | None = None) -> bool:
+    """Whether other programs took more of the machine's `cores` than -t left them, by more than MIN_OTHERS (a
+    background's share): timings taken then are of a shared machine (`others`: neighbours.others; None: unknown)."""
+    cores = cores or neighbours.cores()
+    return others is not None and others > max(MIN_OTHERS, cores - threads + MIN_OTHERS / 2)
+
+
+def doubt(
+    costs: Costs, weight_bytes: int, threads: int, others: float | None = None, cores: int | None = None
+) -> str | None:
     """Why a quick measurement on this CPU cannot be the idle machine's (None: it can), in words with what to try:
-    a lone token's decode slower than reading the target's `weight_bytes` at MIN_BANDWIDTH (plus DECODE_FLOOR);
-    verifying 16 tokens less than MIN_SLOPE times one (every CPU pays for a batch's arithmetic: a flat curve is an
-    inflated t(1), and makes drafting look free); or passes that fell MAX_SPREAD apart (the fastest of them is kept,
-    and the OS let few through)."""
+    other programs took more than MIN_OTHERS cores' worth (`others`, None: unknown) beyond what -t left them of the
+    machine's `cores`; a lone token's decode slower than reading the target's `weight_bytes` at MIN_BANDWIDTH (plus
+    DECODE_FLOOR); verifying 16 tokens less than MIN_SLOPE times one (every CPU pays for a batch's arithmetic: a flat
+    curve is an inflated t(1), and makes drafting look free); or passes that fell MAX_SPREAD apart (the fastest of
+    them is kept, and the OS let few through)."""
+    cores = cores or neighbours.cores()
+    crowded = shared(others, threads, cores)
     one = costs.plain
     limit = DECODE_FLOOR + weight_bytes / MIN_BANDWIDTH
     big = max((n for n in costs.measured if n <= 16), default=1)
@@ -235,10 +253,17 @@ def doubt(costs: Costs, weight_bytes: int, threads: int) -> str | None:
     # (passes of sub-DECODE_FLOOR decodes fall apart on the OS's jitter alone: a busy machine's are slow as well)
     noisy = one > DECODE_FLOOR and (costs.spread or 1.0) > MAX_SPREAD
     slow, flat = one > limit, big >= 8 and slope < MIN_SLOPE
-    if not (slow or flat or noisy):
+    if not (crowded or slow or flat or noisy):
         return None
-    seen = f"one token took {_shown(one)}" + (
-        f" (its {_bytes(weight_bytes)} of weights take {_shown(limit)} at most)" if slow else ""
+    taken = (
+        f"other programs took {others:.1f} of its {cores} CPUs while auto measured it at -t {threads}; "
+        if crowded
+        else ""
+    )
+    seen = (
+        taken
+        + f"one token took {_shown(one)}"
+        + (f" (its {_bytes(weight_bytes)} of weights take {_shown(limit)} at most)" if slow else "")
     )
     seen += f", verifying {big} {'only ' if flat else ''}{slope:.2f}x that" + (
         f" (an idle CPU: {MIN_SLOPE}x or more)" if flat else ""

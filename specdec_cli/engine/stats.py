@@ -23,10 +23,12 @@ class DrafterStats:
     entropy: float = 0.0  # sum of per-round mean draft entropies (model rounds)
     entropy_rounds: int = 0
     draft_seconds: float = 0.0  # its rounds' drafting time (/ drafted: its cost per drafted token)
+    seconds: float = 0.0  # its rounds' whole time (plain decoding's / emitted: the target alone's cost per token)
 
     def add(self, r: Round) -> None:
         self.rounds += 1
         self.draft_seconds += r.draft_seconds
+        self.seconds += r.seconds
         self.drafted += r.drafted
         self.accepted += r.accepted
         self.emitted += r.emitted

@@ -42,6 +42,8 @@ LEGEND = [
     (Origin.BONUS, "bonus (whole draft accepted)"),
     (Origin.PLAIN, "the target's own (its correction of a draft, or no draft)"),
 ]
+# Plain rounds of a run that time the target alone well enough to compare with (a round is one token's decode).
+PLAIN_ROUNDS = 8
 POSITIONS_SHOWN = 8  # per position in the panel: the first 8 (auto may draft 15; the rest are rare and noisy)
 
 _err = Console(stderr=True, highlight=False)
@@ -72,12 +74,10 @@ def measuring(threads: int, folder: Path) -> AbstractContextManager[object]:
     line otherwise (a log, a pipe), so that the wait reads as what it is and not as a hung prefill."""
     from .models import short
 
-    what = (
-        f"measuring this machine's costs for auto, once per model and -t {threads} (kept a day: {short(str(folder))})"
-    )
-    if _err.is_terminal:
-        return _err.status(Text(what, style="dim"))  # (transient: the panel's "cost curve" row stays)
-    note(what)
+    what = f"measuring this machine's costs for auto: once per model and -t {threads}, kept a day"
+    if _err.is_terminal:  # (one line at 80 columns: a spinner that wraps redraws badly; transient, the panel's
+        return _err.status(Text(what, style="dim"))  # "cost curve" row stays)
+    note(f"{what} ({short(str(folder))})")
     return nullcontext()
 
 
@@ -160,8 +160,10 @@ def stat_rows(stats: Stats, asked: Asked | None = None) -> list[tuple[str, str]]
 
 
 def _asked_rows(stats: Stats, asked: Asked | None) -> list[tuple[str, str]]:
-    """The settings asked for (drafter, k), and this run against the target alone: predicted from the cost curve's
-    t(1), this machine's measured decode cost (a run of the target alone is the comparison itself)."""
+    """The settings asked for (drafter, k), and this run against the target alone: by this run's own plain rounds
+    where it had PLAIN_ROUNDS of them (the target alone as it ran, the loop's per-token work included), else
+    predicted from the cost curve's t(1), this machine's measured decode (a run of the target alone is the
+    comparison itself)."""
     if asked is None:
         return []
     kind = DRAFTERS.get(asked.drafter)
@@ -169,14 +171,14 @@ def _asked_rows(stats: Stats, asked: Asked | None) -> list[tuple[str, str]]:
     text = f"--drafter {asked.drafter}" + ("" if kind and kind.plain else f", -k {k}")
     text += (f", --branches {asked.branches}" if asked.branches > 1 else "") + (", --exact" if asked.exact else "")
     rows = [("asked", text)]
-    if kind and not kind.plain and asked.plain_seconds and stats.generation_seconds:
-        ratio = stats.tokens_per_second * asked.plain_seconds
-        rows.append(
-            (
-                "vs target alone",
-                f"{ratio:.2f}x, predicted (target alone: {1000 * asked.plain_seconds:.1f} ms a token here)",
-            )
-        )
+    plain = stats.by_drafter.get("none")
+    if plain is not None and plain.rounds >= PLAIN_ROUNDS:
+        per_token, how = plain.seconds / plain.emitted, f"against this run's {plain.rounds} plain rounds"
+    else:
+        per_token, how = asked.plain_seconds, "predicted"
+    if kind and not kind.plain and per_token and stats.generation_seconds:
+        ratio = stats.tokens_per_second * per_token
+        rows.append(("vs target alone", f"{ratio:.2f}x, {how} (target alone: {1000 * per_token:.1f} ms a token here)"))
     return rows
 
 
