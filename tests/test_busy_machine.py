@@ -208,3 +208,13 @@ def test_the_measurement_is_not_the_prefills_and_is_shown_while_it_runs(models, 
         stats = run_engine(s, "hi", max_tokens=4)[1]
         assert shown == ["open", "closed"] and stats.measure_seconds >= 0.5  # (the prefill's: not timed here)
         assert run_engine(s, "hi", max_tokens=4)[1].measure_seconds == 0 and len(shown) == 2
+
+
+def test_a_proc_stat_this_does_not_read_is_no_count_not_a_crash(monkeypatch):
+    """An unusual kernel's or sandbox's /proc (fields that are not numbers, a truncated file): nothing is known, and
+    the measurement goes on without the count."""
+    own = "1 (python3) R " + " ".join(["0"] * 50)  # /proc/self/stat, well formed
+    for stat, self_stat in (("cpu0 a b c d e f g h i\n", own), ("cpu0 1 2 3 4 5 6 7 8\n", "1 (x) R 0 0"), ("", "")):
+        texts = {"/proc/stat": stat, "/proc/self/stat": self_stat}
+        monkeypatch.setattr(neighbours.Path, "read_text", lambda self, texts=texts: texts[str(self)])
+        assert neighbours.sample() is None

@@ -279,16 +279,23 @@ def test_each_answer_in_a_shared_step_is_the_answer_alone(models, how):
         assert max(out[i].stats.step_rows / out[i].stats.rounds for i in out) > 1
 
 
-def test_a_generation_that_stops_midway_leaves_its_slot_clean_for_the_next(models):
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
+def test_a_generation_that_stops_midway_leaves_its_slot_clean_for_the_next(models, exact):
+    """--debug checks every slot's caches every round (a stopped one's leftover cells raise). The answers are each
+    one's alone in exact mode; in fast mode only where the steps' shapes match a lone run's: when the stopped ones
+    leave is the threads' to say, and the fixtures' F32 products sum differently by a batch's shape (a near-tie
+    tipped at token 17 once in CI)."""
     from conftest import config
 
-    cfg = config(models)
+    cfg = config(models, exact=exact)
     prompts = PROMPTS + ["one two three four"]
     out, _ = together(cfg, prompts, 2, stop_after={0: 3, 2: 5}, max_tokens=30)
-    expected = alone(cfg, prompts, max_tokens=30)
     assert out[0] is None and out[2] is None
-    for i in (1, 3, 4):  # the slots the stopped ones left served these, from caches rolled back (debug checks)
-        assert out[i].tokens == expected[i]
+    assert all(out[i].stats.stop_reason in ("eos", "max_tokens") for i in (1, 3, 4))
+    if exact:
+        expected = alone(cfg, prompts, max_tokens=30)
+        for i in (1, 3, 4):  # the slots the stopped ones left served these, from caches rolled back
+            assert out[i].tokens == expected[i]
 
 
 def test_exact_answers_hold_beside_other_requests_on_a_quantized_model(smollm2):

@@ -27,25 +27,27 @@ class Sample:
 
 
 def sample() -> Sample | None:
-    """The counts now, over the CPUs this process may run on (None: no /proc here)."""
+    """The counts now, over the CPUs this process may run on (None: no /proc here, or one this does not read)."""
     try:
         lines = Path("/proc/stat").read_text().splitlines()
         # (the command's name comes in parentheses and may hold spaces: the fields after its last ')' are fixed)
         own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return Sample(_busy(lines, _cpus()), int(own[11]) + int(own[12]), time.monotonic())  # (fields 14 and 15)
+    except (OSError, IndexError, ValueError):
         return None
-    mine, busy = _cpus(), 0
+
+
+def _busy(lines: list[str], mine: set[int] | None) -> int:
+    busy = 0
     for line in lines:
         fields = line.split()
-        if len(fields) < 9 or not fields[0][3:].isdigit() or not fields[0].startswith("cpu"):
+        if len(fields) < 9 or not fields[0].startswith("cpu") or not fields[0][3:].isdigit():
             continue  # (the first line sums every CPU; others count interrupts, processes, ...)
         if mine is None or int(fields[0][3:]) in mine:
             # user nice system idle iowait irq softirq steal [guest guest_nice: within user and nice already]
             user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
             busy += user + nice + system + irq + softirq + steal
-    if len(own) < 13:
-        return None
-    return Sample(busy, int(own[11]) + int(own[12]), time.monotonic())  # (the stat file's fields 14 and 15)
+    return busy
 
 
 def others(before: Sample | None, after: Sample | None) -> float | None:
