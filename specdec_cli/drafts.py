@@ -4,7 +4,6 @@ where llama.cpp would abort inside the pair; and such a draft opened beside the 
 
 from __future__ import annotations
 
-import shlex
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from .drafting import DRAFTERS, able, native_kind
 from .drafting.dflash import DFlashCache
 from .drafting.eagle3 import Eagle3Cache
 from .drafting.hidden import FeatureCache
-from .errors import SpecdecError, UsageError
+from .errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -31,6 +30,7 @@ class Draft:
     info: Model | None = None
     model: Path | None = None
     hidden: draft_files.DraftFile | None = None
+    foreign: bool = False  # a draft model of another vocabulary: it drafts text (drafting/foreign.py)
 
     @property
     def native(self) -> str | None:
@@ -39,38 +39,29 @@ class Draft:
 
 
 def read(cfg, target: Model, stack: ExitStack, speculates: bool, warn: Callable[[str], None]) -> Draft:
-    """The draft of `cfg`, where the run drafts at all: a draft model whose vocabulary is the target's (llama.cpp's
-    rule), or a draft of the target's hidden states that fits it. A draft chosen by `--draft auto` that does not fit
-    is dropped with a warning (its header had the last word); one given is refused, in one line."""
+    """The draft of `cfg`, where the run drafts at all: a draft model (of the target's vocabulary, llama.cpp's rule,
+    or of another whose tokens spell text: it drafts through text), or a draft of the target's hidden states that
+    fits it. A draft chosen by `--draft auto` that does not fit is dropped with a warning (its header had the last
+    word); one given is refused, in one line."""
     path = cfg.draft if cfg.draft and speculates else None
     if path is None:
         return Draft()
     file = draft_files.read(path)
     info = stack.enter_context(Model(path, vocab_only=True))
-    why = vocab.incompatibility(target, info)
+    other = vocab.incompatibility(target, info)
+    why = vocab.no_text(info) if other and file is None else other
     if file is not None and why is None:
         why = draft_files.problem(file, target.name, target.architecture, _n_embd(target), target.n_layer)
     if why and cfg.draft_chosen_by == "auto":
         warn(f"{info.name}, the draft chosen for {target.name}, cannot draft for it: {why}")
         return Draft()
-    if why and file is not None:
-        raise UsageError(
-            f"{file.label} draft {info.name} cannot draft for target {target.name}: {why}", hint=_hint(file)
-        )
     if why:
-        raise SpecdecError(
-            f"draft {info.name} cannot draft for target {target.name}: {why}",
-            hint=_mismatch_hint(cfg.target_name or str(cfg.target)),
-        )
-    return Draft(info, None, file) if file is not None else Draft(info, path, None)
-
-
-def _mismatch_hint(target: str) -> str:
-    """The ways on for a draft whose tokenizer is not the target's."""
-    return (
-        f"a draft must share the target's tokenizer (a model of its family): `specdec models pair {shlex.quote(target)}` "
-        "lists the local ones that do; `--draft auto` takes the best of them; `--drafter lookup` needs no draft model"
-    )
+        what = f"{file.label} draft" if file is not None else "draft"
+        hint = _hint(file) if file is not None else "`--drafter lookup` needs no draft model"
+        raise UsageError(f"{what} {info.name} cannot draft for target {target.name}: {why}", hint=hint)
+    if file is not None:
+        return Draft(info, None, file)
+    return Draft(info, path, None, foreign=other is not None)
 
 
 def _hint(file: draft_files.DraftFile) -> str:
@@ -93,6 +84,12 @@ def drafter(name: str, draft: Draft, branches: int = 1) -> str:
         raise UsageError(
             f"--drafter {kind.name} drafts with {wanted} draft (--draft FILE), and {what} was given",
             hint=f"use --drafter {native_kind(native) if native else 'model'} or auto for this draft",
+        )
+    if draft.foreign and branches > 1 and kind.name == "model":
+        raise UsageError(
+            f"--branches {branches}: draft {draft.info.name} has another tokenizer than the target's and drafts a "
+            "chain of text (its branches would be texts the target tokenizes apart)",
+            hint="use --branches 1 with this draft, or a draft of the target's family for trees",
         )
     if kind.native is not None and branches > 1:
         raise UsageError(

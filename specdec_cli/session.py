@@ -17,6 +17,7 @@ from .batching.rendezvous import Steps
 from .batching.slots import Slot, home, shares
 from .drafting import cache as lookup_cache
 from .drafting import NEVER, cost, measure
+from .drafting.bridge import Bridge
 from .drafting.corpus import Corpus
 from .run_inputs import CACHED, Inputs
 from .engine import kv
@@ -194,7 +195,10 @@ class Session:
         grammar = Grammar(self.target, gbnf, inputs.trigger) if gbnf else None
         # Another namespace's cells are not reused (taken empty), though this run's may serve its own next run.
         own, slot.salt = salt == slot.salt, salt
-        draft = (lambda: slot.kept.take(slot.draft(), tokens, reuse and own)) if slot.draft else None
+        # A draft of another vocabulary reads the prompt in its own tokens (drafting/bridge.py): its cells are those.
+        bridge = Bridge(self.target, self.draft_of.info) if self.draft_of.foreign else None
+        held = bridge.prompt(tokens) if bridge is not None else tokens
+        draft = (lambda: slot.kept.take(slot.draft(), held, reuse and own)) if slot.draft else None
         for made in (slot.heads and slot.heads.made, slot.hidden and slot.hidden.made):  # the target's decodes feed
             if made is not None:  # them only in runs that draft with them
                 made.detach()
@@ -221,6 +225,7 @@ class Session:
             max_nodes=MAX_DRAFT_TOKENS,
             max_leaves=MAX_BRANCHES,
             n_ctx=slot.target.n_ctx,
+            bridge=bridge,
         )
         measurements = self.curve.measurements
         drafter = drafting.build(name, sources)  # (auto's measures the machine here, on its first run)

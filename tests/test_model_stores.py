@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFWriter
-from tiny_models import N_LAYER, byte_vocab, random_weights, write_model
+from tiny_models import write_no_text, N_LAYER, byte_vocab, random_weights, write_model
 
 from specdec_cli.backend import vocab
 from specdec_cli.backend.native import Model
@@ -50,6 +50,7 @@ def small(tmp_path_factory, models) -> dict[str, Path]:
     out = {"small": write_model(folder / "small.gguf", base, tokens, n_layer=N_LAYER - 1)}
     other = byte_vocab(shuffle_seed=7)
     out["small_other"] = write_model(folder / "small_other.gguf", base, other, n_layer=N_LAYER - 1)
+    out["small_no_text"] = write_no_text(folder / "small_no_text.gguf", base, n_layer=N_LAYER - 1)
     for kind, extra in (("projector", {"general.type": "mmproj"}), ("adapter", {"general.type": "adapter"})):
         w = GGUFWriter(str(folder / f"{kind}.gguf"), "clip" if kind == "projector" else "llama")
         for k, v in extra.items():
@@ -290,11 +291,22 @@ def test_pair_ranks_the_drafts_and_says_why_the_others_cannot(home, models, smal
     rows = {r["name"]: r for r in got["drafts"]}
     assert got["chosen"] == "lmstudio-community/Small-GGUF/Small-Q4_K_M.gguf" == got["drafts"][0]["name"]
     assert rows[got["chosen"]]["can_draft"] and rows[got["chosen"]]["kin"] == "architecture"
-    assert rows["tiny:latest"]["problem"] == "token texts differ: another vocabulary"
+    assert rows["tiny:latest"]["problem"].startswith("not smaller")  # another vocabulary: it would draft through text
     assert rows["tiny-org/Tiny-GGUF:F16"]["problem"].startswith("not smaller than the target")
     assert rows["hf.co/tiny-org/Tiny-GGUF:Q4_K_M"]["problem"].startswith("not smaller")  # (a copy of it)
     assert "not smaller" in rows["x/Extra-GGUF/extra-F32.gguf"]["problem"]  # its vocabulary pairs; its size does not
     assert "tiny-org/Tiny-GGUF:Q8_0" not in rows  # the target is no draft of its own
+
+
+def test_pair_lists_a_smaller_model_of_another_tokenizer_after_those_of_the_targets(home, models, small, capsys):
+    lmstudio(home, "a/Target-GGUF/target-F32.gguf", models["target"])
+    lmstudio(home, "a/Sibling-GGUF/sibling-F32.gguf", small["small"])
+    lmstudio(home, "a/Other-GGUF/other-F32.gguf", small["small_other"])
+    assert main(["models", "pair", "a/Target-GGUF", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["drafts"]
+    assert [r["name"].split("/")[1] for r in rows] == ["Sibling-GGUF", "Other-GGUF"]
+    assert rows[1]["can_draft"] and rows[1]["kin"] == "tokenizer" and "another tokenizer" in rows[1]["shares"]
+    assert pairing.KIN_PRIORS["tokenizer"] < min(v for k, v in pairing.KIN_PRIORS.items() if k != "tokenizer")
 
 
 def test_generate_without_a_draft_chooses_one_and_says_so(home, models, small, capsys):
@@ -305,9 +317,12 @@ def test_generate_without_a_draft_chooses_one_and_says_so(home, models, small, c
     assert code == 0 and config["draft_chosen_by"] == "auto" and config["drafter"] == "auto"
     assert config["draft"] == str(home / ".lmstudio/models/lmstudio-community/Small-GGUF/Small-Q4_K_M.gguf")
     assert "draft: lmstudio-community/Small-GGUF/Small-Q4_K_M.gguf (lmstudio), the only local model" in err
-    code = main(["generate", "hello", "--target", "tiny:latest", "-n", "8", "--json", "-t", "1"])  # none pairs
-    config = json.loads(capsys.readouterr().out)["config"]
-    assert (config["draft"], config["draft_chosen_by"], config["drafter"]) == (None, None, "auto")  # lookup alone
+    # No model of its vocabulary is smaller: one of another drafts through text.
+    code = main(["generate", "hello", "--target", "tiny:latest", "-n", "8", "--json", "-t", "1"])
+    out, err = capsys.readouterr()
+    config = json.loads(out)["config"]
+    assert code == 0 and config["draft"].endswith("Small-Q4_K_M.gguf") and config["draft_chosen_by"] == "auto"
+    assert "another tokenizer: it drafts through text" in err
     given = ["generate", "hi", "--target", "tiny-org/Tiny-GGUF:Q8_0", "-n", "4", "--json", "-t", "1"]
     for extra, by in ((["--draft", "tiny-org/Tiny-GGUF:F16"], "option"), (["--drafter", "lookup"], None)):
         assert main([*given, *extra]) == 0
@@ -320,11 +335,10 @@ def test_a_chosen_draft_that_llama_cpp_refuses_is_a_warning_and_the_run_goes_on(
     home, models, small, capsys, monkeypatch
 ):
     lmstudio(home, "a/Target-GGUF/target-F32.gguf", models["target"])
-    lmstudio(home, "a/Other-GGUF/other-F32.gguf", small["small_other"])  # smaller, another vocabulary
-    monkeypatch.setattr(pairing, "vocab_problem", lambda t, d: None)  # the header rule misjudges
+    lmstudio(home, "a/Other-GGUF/other-F32.gguf", small["small_no_text"])  # smaller, another vocabulary
     code = main(["generate", "hi", "--target", "a/Target-GGUF", "-n", "4", "--json", "-t", "1"])
     out, err = capsys.readouterr()
-    assert code == 0 and "cannot draft for it: " in err  # llama.cpp's own check has the last word
+    assert code == 0 and "cannot draft for it: its tokens spell no text" in err  # what the header cannot say
     assert json.loads(out)["config"]["draft_loaded"] is False
 
 

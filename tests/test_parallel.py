@@ -262,8 +262,9 @@ def alone(cfg: RunConfig, prompts: list[str], **kw) -> list[list[int]]:
         dict(drafter="auto", exact=True),
         dict(branches=2, draft_tokens=4),
         dict(exact=True),
+        dict(draft="other_vocab_draft", exact=True),  # another tokenizer's draft, its slots' cells in its own ids
     ],
-    ids=["none", "model", "auto-exact", "tree", "exact"],
+    ids=["none", "model", "auto-exact", "tree", "exact", "foreign-exact"],
 )
 def test_each_answer_in_a_shared_step_is_the_answer_alone(models, how):
     from conftest import config
@@ -279,15 +280,17 @@ def test_each_answer_in_a_shared_step_is_the_answer_alone(models, how):
         assert max(out[i].stats.step_rows / out[i].stats.rounds for i in out) > 1
 
 
-@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
-def test_a_generation_that_stops_midway_leaves_its_slot_clean_for_the_next(models, exact):
+@pytest.mark.parametrize(
+    "exact,draft", [(True, "draft"), (False, "draft"), (True, "other_vocab_draft")], ids=["exact", "fast", "foreign"]
+)
+def test_a_generation_that_stops_midway_leaves_its_slot_clean_for_the_next(models, exact, draft):
     """--debug checks every slot's caches every round (a stopped one's leftover cells raise). The answers are each
     one's alone in exact mode; in fast mode only where the steps' shapes match a lone run's: when the stopped ones
     leave is the threads' to say, and the fixtures' F32 products sum differently by a batch's shape (a near-tie
     tipped at token 17 once in CI)."""
     from conftest import config
 
-    cfg = config(models, exact=exact)
+    cfg = config(models, draft, exact=exact)
     prompts = PROMPTS + ["one two three four"]
     out, _ = together(cfg, prompts, 2, stop_after={0: 3, 2: 5}, max_tokens=30)
     assert out[0] is None and out[2] is None

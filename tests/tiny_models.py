@@ -29,12 +29,67 @@ CHATML = (
 )
 
 
-def byte_vocab(shuffle_seed: int | None = None) -> list[str]:
-    """<unk>, <s>, </s>, then the 256 byte tokens; shuffled bytes make an incompatible vocabulary."""
+def byte_order(shuffle_seed: int | None = None) -> list[int]:
     order = list(range(256))
     if shuffle_seed is not None:
         np.random.default_rng(shuffle_seed).shuffle(order)
-    return ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in order]
+    return order
+
+
+def byte_vocab(shuffle_seed: int | None = None) -> list[str]:
+    """<unk>, <s>, </s>, then the 256 byte tokens; shuffled bytes make an incompatible vocabulary."""
+    return ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in byte_order(shuffle_seed)]
+
+
+def permuted(weights: dict[str, np.ndarray], shuffle_seed: int) -> dict[str, np.ndarray]:
+    """`weights` (of the byte vocabulary) for the vocabulary shuffled by `shuffle_seed`: each byte's rows at its id
+    there. The same function of the text in other ids: a draft of another vocabulary that is always right."""
+    rows = np.array([0, 1, 2] + [3 + b for b in byte_order(shuffle_seed)])
+    return weights | {name: weights[name][rows] for name in ("token_embd.weight", "output.weight")}
+
+
+# Multi-byte tokens (SentencePiece spells a space as "▁"), merged by their scores: a vocabulary whose tokens straddle
+# another's, with byte fallback for the rest.
+MERGES = (
+    "▁",
+    "th",
+    "he",
+    "in",
+    "er",
+    "an",
+    "▁t",
+    "▁a",
+    "the",
+    "▁the",
+    "ing",
+    "on",
+    "re",
+    "▁s",
+    "nd",
+    "ou",
+    "is",
+    "ll",
+    "o▁",
+)
+
+
+def write_merged(path: Path, seed: int, space_prefix: bool = False) -> Path:
+    """A random model over shuffled byte tokens and MERGES (its tokens straddle a byte vocabulary's); space_prefix:
+    its tokenizer adds a space before a text (SentencePiece's dummy prefix, as Llama 2's does)."""
+    tokens = byte_vocab(shuffle_seed=11) + list(MERGES)
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
+    w = start(path, "llama", N_CTX_TRAIN, N_LAYER, N_HEAD_KV)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)
+    _add_byte_tokenizer(w, tokens, types + [TokenType.NORMAL] * len(MERGES), space_prefix)
+    return finish(w, random_weights(seed, len(tokens)), path)
+
+
+def write_no_text(path: Path, weights: dict[str, np.ndarray], n_layer: int = N_LAYER) -> Path:
+    """A model of another vocabulary whose every token is a control token: its tokens spell no text."""
+    types = [TokenType.UNKNOWN] + [TokenType.CONTROL] * 258
+    return write_model(path, weights, byte_vocab(shuffle_seed=3), types=types, n_layer=n_layer)
 
 
 def random_weights(seed: int, n_vocab: int) -> dict[str, np.ndarray]:
@@ -405,7 +460,9 @@ def finish(w: GGUFWriter, weights: dict[str, np.ndarray], path: Path) -> Path:
     return path
 
 
-def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str], types: list[TokenType] | None = None) -> None:
+def _add_byte_tokenizer(
+    w: GGUFWriter, tokens: list[str], types: list[TokenType] | None = None, space_prefix: bool = False
+) -> None:
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * len(tokens))
@@ -417,7 +474,7 @@ def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str], types: list[TokenType]
     w.add_eos_token_id(2)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
+    w.add_add_space_prefix(space_prefix)
 
 
 def nan_weights(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -445,7 +502,8 @@ def write_extra_vocab_draft(path: Path, weights: dict[str, np.ndarray], seed: in
 
 def write_fixture_set(folder: Path) -> dict[str, Path]:
     """target, draft (noisy: partial acceptance), same (identical copy: full acceptance),
-    other_vocab (incompatible), chat (target weights with a ChatML template), recurrent (Mamba),
+    other_vocab (incompatible), other_vocab_same and other_vocab_draft (the target's and the draft's functions in
+    another vocabulary's ids), merged (another vocabulary, multi-byte tokens; merged_space: SentencePiece's dummy space too), no_text (tokens that spell nothing), chat (target weights with a ChatML template), recurrent (Mamba),
     fim (FIM tokens, the repository's and the file separator too), fim_draft (its noisy draft), fim_plain (FIM
     tokens, no repository or file separator),
     short_ctx (target weights, trained for 1,024 tokens: -c is bounded by it);
@@ -463,6 +521,15 @@ def write_fixture_set(folder: Path) -> dict[str, Path]:
         "draft": write_model(folder / "draft.gguf", noisy, vocab),
         "same": write_model(folder / "same.gguf", base, vocab),
         "other_vocab": write_model(folder / "other_vocab.gguf", base, byte_vocab(shuffle_seed=7)),
+        "other_vocab_same": write_model(
+            folder / "other_vocab_same.gguf", permuted(base, 7), byte_vocab(shuffle_seed=7)
+        ),
+        "other_vocab_draft": write_model(
+            folder / "other_vocab_draft.gguf", permuted(noisy, 7), byte_vocab(shuffle_seed=7)
+        ),
+        "merged": write_merged(folder / "merged.gguf", seed=4321),
+        "merged_space": write_merged(folder / "merged_space.gguf", seed=4321, space_prefix=True),
+        "no_text": write_no_text(folder / "no_text.gguf", base),
         "chat": write_model(folder / "chat.gguf", base, vocab, chat_template=CHATML),
         "recurrent": write_recurrent(folder / "recurrent.gguf"),
         "short_ctx": write_model(folder / "short_ctx.gguf", base, vocab, context_length=1024),

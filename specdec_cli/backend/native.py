@@ -1,5 +1,4 @@
-"""llama.cpp's library (loaded once, its log and aborts caught) and the owner of a model's handle.
-Contexts are in context.py.
+"""The owner of a model's handle (the library itself, its log and aborts: library.py). Contexts are in context.py.
 
 Only the low-level API (`llama_cpp.llama_cpp`) is used: the high-level `Llama` class cannot turn on
 a unified multi-sequence KV cache and keeps an n_ctx x n_vocab scores buffer we do not want.
@@ -11,17 +10,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import re
-from collections import deque
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 import llama_cpp.llama_cpp as L
 
-from .. import signals
 from ..errors import SpecdecError
 from . import cpu, gguf_file, memory
+from .library import capture, clear_log, explain_aborts, init_backend, last_log_error, load_error, native_lib  # noqa: F401
 
 
 class Placement(Protocol):
@@ -29,116 +25,6 @@ class Placement(Protocol):
     the arrays the params then point at, which must live as long as the model."""
 
     def apply(self, params) -> tuple: ...
-
-
-# Who can say more of an abort than ggml's own line (rpc.py: a lost RPC server): "file.cpp: what" -> (line, hint).
-_ABORT_EXPLAINERS: list[Callable[[str], tuple[str, str] | None]] = []
-
-# llama.cpp logs every load step to stderr; we keep the recent error lines to explain failures instead, and while
-# a model or context is made (`capture`), the lines that say where its buffers went (devices.placement reads them).
-_LOG_LINES: deque[str] = deque(maxlen=40)
-_LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR; 5 (CONT) continues any level, e.g. the load progress dots
-_PLACEMENT = (b"load_tensors:", b"llama_kv_cache:", b"llama_memory_recurrent:", b"sched_reserve:", b"llama_context:")
-_captures: list[list[str]] = []  # the captures under way, innermost last
-_forward = [False]  # SPECDEC_LLAMA_LOG: every line to stderr as well, as llama.cpp's own logger writes it
-
-
-@L.llama_log_callback
-@signals.native_callback
-def _log_to_buffer(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    # Called for every line llama.cpp and ggml log: a prefix test and an append at most, unless forwarding.
-    if not text:
-        return
-    if _forward[0]:
-        try:
-            os.write(2, text)
-        except OSError:  # stderr closed: nothing to tell
-            pass
-    if level == _LOG_ERROR:
-        line = text.decode("utf-8", "replace").strip()
-        if line:
-            _LOG_LINES.append(line)
-    elif _captures and text.startswith(_PLACEMENT):
-        _captures[-1].append(text.decode("utf-8", "replace"))
-
-
-@contextmanager
-def capture() -> Iterator[list[str]]:
-    """The placement lines llama.cpp logs inside the block (a model's load, a context's creation)."""
-    lines: list[str] = []
-    _captures.append(lines)
-    try:
-        yield lines
-    finally:
-        _captures.remove(lines)
-
-
-@ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-@signals.native_callback
-def _on_abort(message: bytes | None) -> None:
-    """ggml's last call before abort() (a failed GGML_ASSERT): one line and exit 1, instead of a
-    debugger backtrace on stdout and a core dump. The message is "path/file.cpp:line: what"."""
-    try:
-        where, _, what = (message or b"").decode("utf-8", "replace").partition(": ")
-        text = f"{os.path.basename(where)}: {what}" if what else where
-        line = f"error: llama.cpp aborted: {' '.join(text.split())}\n"
-        explained = next(filter(None, (explain(" ".join(text.split())) for explain in _ABORT_EXPLAINERS)), None)
-        if explained:
-            line = f"error: {explained[0]}\nhint: {explained[1]}\n"
-        os.write(2, line.encode())
-    finally:
-        os._exit(1)
-
-
-def explain_aborts(explain: Callable[[str], tuple[str, str] | None]) -> None:
-    """Have ggml's aborts explained by `explain` where it knows them (the one line and hint, else None)."""
-    _ABORT_EXPLAINERS.append(explain)
-
-
-def _set_abort_handler() -> None:
-    """Hand _on_abort to ggml_set_abort_callback, looked up through libllama (native_lib says why); a build
-    without the hook is left as it is."""
-    setter = getattr(native_lib(), "ggml_set_abort_callback", None)
-    if setter is not None:
-        setter.argtypes, setter.restype = [type(_on_abort)], ctypes.c_void_p
-        setter(_on_abort)  # the module keeps _on_abort alive for the process's lifetime
-
-
-@functools.cache
-def native_lib() -> ctypes.CDLL | None:
-    """libllama, opened by the path llama_cpp opened it by (so the same handle): the wheel ships
-    libggml-base.so and libggml-base.so.0 as separate copies, and opening one by name could load a
-    second ggml that nobody else calls. A handle's lookup also searches the libraries it depends on,
-    where the ggml that libllama uses is."""
-    lib_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(L.__file__).parent / "lib")
-    for name in ("libllama.so", "libllama.dylib", "llama.dll", "libllama.dll"):  # llama_cpp's names
-        try:
-            return ctypes.CDLL(str(lib_dir / name))
-        except OSError:
-            continue
-    return None
-
-
-_backend_ready = False
-
-
-def init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        # Quiet unless SPECDEC_LLAMA_LOG asks for llama.cpp's own output: its log (forwarded by our callback,
-        # which reads the placement lines either way), and the gdb backtrace it prints on stdout for an uncaught
-        # C++ exception (std::terminate, which no callback sees).
-        _forward[0] = bool(os.environ.get("SPECDEC_LLAMA_LOG"))
-        L.llama_log_set(_log_to_buffer, ctypes.c_void_p(0))
-        if not _forward[0]:
-            os.environ.setdefault("GGML_NO_BACKTRACE", "1")
-        _set_abort_handler()
-        L.llama_backend_init()
-        _backend_ready = True
-
-
-def last_log_error() -> str:
-    return _LOG_LINES[-1] if _LOG_LINES else ""
 
 
 # ggml types that an x86 CPU build multiplies with llamafile's sgemm when a matmul has two or more
@@ -158,18 +44,6 @@ def sgemm_weights(path: Path) -> list[str]:
         and t.ggml_type in SGEMM_TYPES
         and not (t.name == "token_embd.weight" and "output.weight" in names)
     ]
-
-
-def _load_error() -> str:
-    """llama.cpp's own reason for a failed load. It logs `llama_model_load: error loading model: <why>`,
-    then a generic `failed to load model`; when <why> is only "failed to load model from PATH" (a GGUF
-    it could not parse), the parser's first error line says why."""
-    marker = "error loading model: "
-    why = next((line.partition(marker)[2] for line in reversed(_LOG_LINES) if marker in line), "")
-    if not why or "failed to load model from" in why:
-        why = next((line for line in _LOG_LINES if line.startswith("gguf_")), why or last_log_error())
-    # Without the C function in front ("check_tensor_dims: tensor ...") and the column padding.
-    return " ".join(re.sub(r"^\w+: ", "", why).split())
 
 
 class Model:
@@ -194,7 +68,7 @@ class Model:
         MTP (NextN) heads, where it has them (llama.cpp skips their weights otherwise)."""
         self.path = gguf_file.check(path)
         init_backend()
-        _LOG_LINES.clear()
+        clear_log()
         params = L.llama_model_default_params()
         params.use_extra_bufts = not exact and not cpu.amx()  # cpu.amx says why
         params.vocab_only = vocab_only
@@ -212,7 +86,7 @@ class Model:
         self.load_log = lines  # where llama.cpp put its buffers (devices.placement)
         if not self._ptr:
             raise SpecdecError(
-                f"cannot load model {self.path}: {_load_error() or 'llama.cpp could not load it'}",
+                f"cannot load model {self.path}: {load_error() or 'llama.cpp could not load it'}",
                 hint="the file may be truncated or from an unsupported architecture; re-download it",
             )
         self.vocab_only = vocab_only
@@ -329,7 +203,11 @@ class Model:
         return self.tokenize_text(text, add_special=special, parse_special=special)
 
     def tokenize_text(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        raw = text.encode("utf-8")
+        return self.tokenize_bytes(text.encode("utf-8"), add_special=add_special, parse_special=parse_special)
+
+    def tokenize_bytes(self, raw: bytes, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Bytes to token ids, as they are: llama.cpp reads an invalid UTF-8 sequence as U+FFFD (byte-level BPE)
+        or as byte tokens (SentencePiece's byte fallback)."""
         cap = len(raw) + 8
         buf = (L.llama_token * cap)()
         n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
@@ -343,16 +221,40 @@ class Model:
         """The bytes a token stands for (control tokens render as nothing); cached."""
         cached = self._pieces.get(token)
         if cached is None:
-            buf = ctypes.create_string_buffer(64)
-            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            cached = self._pieces[token] = buf.raw[:n]
+            cached = self._pieces[token] = self._piece(token, special=False)
         return cached
+
+    def render(self, tokens: list[int]) -> bytes:
+        """Tokens as text, control tokens by their texts (`<|im_start|>`): a prompt as another vocabulary reads it."""
+        return b"".join(self._piece(token, special=True) for token in tokens)
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:  # too long for the buffer: -n is the size needed
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
         return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    def is_control(self, token: int) -> bool:
+        """A control or unknown token: not text (its piece is empty, or a placeholder)."""
+        return bool(
+            L.llama_vocab_get_attr(self.vocab, token) & (L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_UNKNOWN)
+        )
+
+    def end_of_turn(self) -> int:
+        """The token that ends an answer: end-of-turn where the vocabulary has one, else end-of-text (-1: neither)."""
+        eot = L.llama_vocab_eot(self.vocab)
+        return eot if eot >= 0 else L.llama_vocab_eos(self.vocab)
+
+    @functools.cached_property
+    def space_prefix(self) -> bool:
+        """Whether tokenizing text adds a space before it (SentencePiece's dummy prefix: Llama 2, Mistral 7B v0.1)."""
+        tokens = self.tokenize_bytes(b"a", add_special=False, parse_special=False)
+        return b"".join(self.piece(t) for t in tokens) == b" a"
 
     def token_text(self, token: int) -> str:
         """A special token's text as templates write it (`bos_token`); "" for none."""

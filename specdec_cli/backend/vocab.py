@@ -12,6 +12,7 @@ MAX_SIZE_DIFFERENCE = 128  # Qwen pads its vocabularies to different sizes acros
 FINGERPRINT_STRIDE = 61
 FIRST_CHECKED_ID = 5  # the first ids are control tokens that families number differently
 
+PROBE = b"Hello, world. 123\n"  # text every vocabulary that spells text spells
 VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo2"}
 
 
@@ -50,3 +51,14 @@ def fingerprint(model: Model) -> str:
         h.update(L.llama_vocab_get_text(v, i) or b"")
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def no_text(model: Model) -> str | None:
+    """Why this vocabulary's tokens cannot stand for text (then it cannot draft through text for another
+    vocabulary); None where they can."""
+    if L.llama_vocab_type(model.vocab) == 0 or model.n_vocab == 0:
+        return "it has no vocabulary (an embedding model's file, or weights alone)"
+    tokens = model.tokenize_bytes(PROBE, add_special=False, parse_special=False)
+    if not b"".join(model.piece(t) for t in tokens).strip():
+        return f"its tokens spell no text ({PROBE!r} tokenizes to {len(tokens)} tokens that spell nothing)"
+    return None

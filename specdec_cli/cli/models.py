@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from .. import config, fit, ui
+from ..backend import vocab
 from ..backend.gguf_file import Malformed
 from ..backend.native import Model
 from ..errors import SpecdecError
@@ -197,8 +198,11 @@ def info_(
             with Model(draft_path, offload=fit.default_offload(draft_path)) as d:
                 facts["draft"] = info.describe(d) | {"placement": fit.placement(d)}
                 why = info.pairing(target, d)
-                # llama.cpp pairs vocabularies up to 128 ids apart: those draft ids are never proposed
-                facts["draft_ids_missing_in_target"] = max(0, d.n_vocab - target.n_vocab)
+                same = vocab.incompatibility(target, d) is None
+                facts["draft_tokenizer"] = "same" if same else "another"
+                # llama.cpp pairs vocabularies up to 128 ids apart: those draft ids are never proposed (None: another
+                # tokenizer's ids, which the target never sees)
+                facts["draft_ids_missing_in_target"] = max(0, d.n_vocab - target.n_vocab) if same else None
             facts["can_pair"] = why is None
             facts["pair_problem"] = why
     if json_out:
@@ -206,7 +210,8 @@ def info_(
     else:
         rows = info.rows(facts)
         if draft is not None:
-            rows += [("draft", facts["draft"]["path"]), ("can pair", "yes" if why is None else f"no: {why}")]
+            yes = "yes, through text (another tokenizer)" if facts["draft_tokenizer"] == "another" else "yes"
+            rows += [("draft", facts["draft"]["path"]), ("can pair", yes if why is None else f"no: {why}")]
             missing = facts["draft_ids_missing_in_target"]
             if missing:
                 rows.append(("draft-only ids", f"{missing:,} draft token ids the target lacks: never proposed"))

@@ -54,6 +54,9 @@ PROMISE_PRIOR = 8.0  # tokens: a dozen rounds of broken promises halve a source'
 HOT_PRIOR = 0.3  # a token at a likely edit point (lookup.Candidate.hot)
 CONFIDENCE_EDGES = tuple(i / 10 for i in range(10))  # the draft's probability of its token, in tenths
 MODEL_PRIOR = 0.7  # a same-family draft is accepted ~70-90% of the time; explored optimistically (upper bound)
+# Another family's draft, through text (drafting/foreign.py): where the two split a word apart it costs a token, and
+# what it would write is its family's (README: SmolLM2-135M 67%, Gemma 3 270M 43% for Qwen2.5-Coder-1.5B).
+FOREIGN_PRIOR = 0.35
 ANSWER = 256  # tokens an answer may still run to when the run sets no bound (it pays back a draft's prefill)
 
 
@@ -162,7 +165,7 @@ class AutoDrafter(Drafter):
         self._sure = 1  # the target gave its last token >= 90% (Outcome.sure): lookup's chances are learned apart
         self.hot_rate = Rate(HOT_PRIOR * PRIOR_STRENGTH)
         self.model_accept = Buckets(CONFIDENCE_EDGES, tuple(e + 0.05 for e in CONFIDENCE_EDGES))  # calibrated
-        self.model_rate = Rate()
+        self.model_rate = Rate(getattr(draft_model, "prior", MODEL_PRIOR) * PRIOR_STRENGTH)
 
     @property
     def prompt_rows(self) -> int:

@@ -166,22 +166,24 @@ def measure(
     seq = Sequence.empty(target)
     seq.append(prefix)
     dseq = Sequence.empty(draft) if draft is not None else None
+    # A draft of another vocabulary gets ids of its own: what a token is does not change what its decode costs.
+    dprefix, dbatch = ([t % draft.n_vocab for t in part] for part in (prefix, batch)) if draft else (prefix, batch)
     if dseq is not None:
-        dseq.append(prefix)
+        dseq.append(dprefix)
 
-    def back(s: Sequence) -> None:
+    def back(s: Sequence, text: list[int]) -> None:
         """To the context again. A recurrent state drops only what its snapshots cover (kv.Sequence): each
         timed decode may leave tokens behind, so it starts over from the context (untimed) now and then."""
         s.rollback(max(context, s.floor))
         if len(s) > 2 * context:
             s.rollback(context)  # clears it
-            s.append(prefix[len(s) :])
+            s.append(text[len(s) :])
 
     def t_target(n: int) -> float:
-        return _timed(lambda: seq.append(batch[:n], outputs="all"), lambda: back(seq))
+        return _timed(lambda: seq.append(batch[:n], outputs="all"), lambda: back(seq, prefix))
 
     def t_draft(n: int) -> float:
-        return _timed(lambda: dseq.append(batch[:n]), lambda: back(dseq))
+        return _timed(lambda: dseq.append(dbatch[:n]), lambda: back(dseq, dprefix))
 
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     plain, drafts, catch_up, prefill = [], [], [], []

@@ -122,13 +122,13 @@ class ModelDrafter(Drafter):
         of `size` (... : its own; None: the whole text) lacks, and the last token."""
         size = self.window if size is ... else size
         if self.cache is None and self.loaded():
-            self._open_now()  # free (no decode): what its cache holds of the text counts (a server's next turn)
+            self.open_now()  # free (no decode): what its cache holds of the text counts (a server's next turn)
         if self.cache is None:  # not loaded: nothing fed yet
             return window.to_feed(0, 0, len(committed) - 1, size) + 1
         seq = self.seq
         return window.to_feed(seq.covers, seq.dropped, len(committed) - 1, window.fit(seq.ctx, size)) + 1
 
-    def _open_now(self) -> bool:
+    def open_now(self) -> bool:
         """Open it (load the draft model, take its sequence) if not yet; False, and it fails for good (the run goes
         on plainly), where the draft model cannot be loaded."""
         try:
@@ -145,7 +145,7 @@ class ModelDrafter(Drafter):
     ) -> Draft:
         """Draft up to k tokens; `policy` may end the draft early or veto a fork (auto's cost model)."""
         opened = self.cache is not None
-        if not self.failed and self._open_now() and self._readable(committed):
+        if not self.failed and self.open_now() and self._readable(committed):
             size = window.fit(self.seq.ctx, self.window)
             if self._fits(len(committed), size):
                 try:

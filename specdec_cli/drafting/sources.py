@@ -11,7 +11,9 @@ from ..errors import SpecdecError
 from .auto import AutoDrafter, can_pay
 from .corpus import Corpus
 from .cost import Costs
+from .bridge import Bridge
 from .forced import Forced
+from .foreign import ForeignDrafter
 from .lookup import LookupDrafter, line_ends
 from .dflash import DFlashCache, DFlashDrafter
 from .eagle3 import Eagle3Drafter
@@ -53,10 +55,14 @@ class Sources:
     grammar: Callable[[], Any] | None = None  # a constrained run: the grammar's start state (a new one per call)
     tokenize: Callable[[str], list[int]] = lambda text: []
     piece: Callable[[int], bytes] = lambda token: b""
+    bridge: Bridge | None = None  # a draft of another vocabulary: the text between its tokens and the target's
 
-    def draft_model(self) -> ModelDrafter | None:
+    def draft_model(self) -> ModelDrafter | ForeignDrafter | None:
         if self.draft is None:
             return None
+        if self.bridge is not None:  # its own ids, every one of them, unmasked: the engine cuts what a grammar rejects
+            inner = ModelDrafter(self.draft, self.p_min, window=self.window, loaded=self.draft_loaded, n_ctx=self.n_ctx)
+            return ForeignDrafter(inner, self.bridge)
         grammar = self.grammar() if self.grammar is not None else None  # its rows masked as the target's
         return ModelDrafter(
             self.draft,
@@ -174,6 +180,7 @@ def for_run(
     max_nodes: int,
     max_leaves: int,
     n_ctx: int | None = None,
+    bridge: Bridge | None = None,
 ) -> Sources:
     """A run's sources: `slides`, whether the draft's cache can slide over a window of the text (a recurrent state,
     or sliding-window layers of its own, hold the whole text); `max_nodes`, a tree's nodes (its verify batch must fit
@@ -203,4 +210,5 @@ def for_run(
         tokenize=tokenize,
         grammar=grammar,
         piece=target.piece,
+        bridge=bridge,
     )

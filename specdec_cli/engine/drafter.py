@@ -32,6 +32,9 @@ class Draft:
     offers: tuple[Any, ...] = ()  # auto: lookup's candidates, each learns from the round's text, drafted or not
     decodes: int = 0  # draft-model decodes spent (auto may verify fewer tokens): the draft's cost per token
     fed: int = 0  # tokens of the text the draft model was fed before it drafted (a window, a catch-up); -1: loaded
+    # Another tokenizer's draft (drafting/foreign.py): its own tokens decoded this round, the catch-up's included
+    # (`tokens` are the target's); None: the draft shares the target's tokens.
+    draft_fed: int | None = None
     decode_seconds: float | None = None  # seconds per draft decode, as the drafter timed those that drafted alone
     # Outcome.sure: an exp pass over one logits row (~0.05 ms), asked only where a learner uses it (auto, when
     # lookup offered something: where it offers nothing, most of most answers, the pass is saved).

@@ -55,6 +55,7 @@ class Round:
     # Of `drafted`, those the predicted answer proposed (OpenAI's `prediction`), and of those, the accepted.
     from_prediction: int = 0
     prediction_accepted: int = 0
+    draft_fed: int | None = None  # another tokenizer's draft: its own tokens decoded this round (None: same tokens)
     step_rows: int = 0  # tokens of the target decode that verified it: its own and other requests' (--parallel)
     shared: bool = False  # that decode carried other requests' rows too
 

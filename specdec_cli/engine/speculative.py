@@ -182,6 +182,7 @@ def _round(
         winner=winner,
         from_prediction=len(predicted),
         prediction_accepted=sum(i in predicted for i in accepted),
+        draft_fed=draft.draft_fed,
         step_rows=step.rows,
         shared=step.rows > step.own,
     )

@@ -24,6 +24,10 @@ class DrafterStats:
     entropy_rounds: int = 0
     draft_seconds: float = 0.0  # its rounds' drafting time (/ drafted: its cost per drafted token)
     seconds: float = 0.0  # its rounds' whole time (plain decoding's / emitted: the target alone's cost per token)
+    # Another tokenizer's draft: the rounds it drafted in, and its own tokens decoded in them (drafted and accepted
+    # count the target's tokens: what it verified).
+    foreign_rounds: int = 0
+    draft_fed: int = 0
 
     def add(self, r: Round) -> None:
         self.rounds += 1
@@ -40,6 +44,9 @@ class DrafterStats:
         if r.entropy is not None:
             self.entropy += r.entropy
             self.entropy_rounds += 1
+        if r.draft_fed is not None:
+            self.foreign_rounds += 1
+            self.draft_fed += r.draft_fed
 
     def merge(self, other: DrafterStats) -> None:
         for name in self.__dataclass_fields__:
@@ -58,7 +65,11 @@ class DrafterStats:
             "mean_entropy": round(self.entropy / self.entropy_rounds, 4) if self.entropy_rounds else None,
             "accept_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,
             "draft_ms_per_token": round(1000 * self.draft_seconds / self.drafted, 4) if self.drafted else None,
-        }
+        } | (self._foreign() if self.foreign_rounds else {})
+
+    def _foreign(self) -> dict:
+        per = round(self.draft_fed / self.accepted, 4) if self.accepted else None
+        return {"another_tokenizer": True, "draft_tokens_fed": self.draft_fed, "draft_tokens_fed_per_accepted": per}
 
 
 @dataclass

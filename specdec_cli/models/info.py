@@ -129,10 +129,13 @@ def _size(n: int) -> str:
 
 def pairing(target: Model, draft: Model) -> str | None:
     """None when draft can draft for target; otherwise why not. A draft's own cache never needs to roll
-    back (a recurrent one drafts in a copy of its state), so only the vocabularies must agree; a draft that reads
-    the target's hidden states must also fit its architecture, width and layers (backend/draft_files.problem)."""
+        back (a recurrent one drafts in a copy of its state), so only the vocabularies must agree or the draft's spell
+    text (it drafts through text: drafting/foreign.py); a draft that reads
+        the target's hidden states must also fit its architecture, width and layers (backend/draft_files.problem)."""
     why = vocab.incompatibility(target, draft)
     d = draft_files.read(draft.path)
+    if why is not None and d is None:  # another vocabulary drafts through text, if its tokens spell any
+        why = vocab.no_text(draft)
     if why is None and d is not None:
         n_embd = int(L.llama_model_n_embd(target._ptr))
         why = draft_files.problem(d, target.name, target.architecture, n_embd, target.n_layer)

@@ -1,6 +1,7 @@
 """Which local models can draft for a target, best first, and the one `--draft auto` takes.
 
-A draft must be smaller than its target and speak its vocabulary by llama.cpp's rule (backend/vocab.py),
+A draft must be smaller than its target and speak its vocabulary by llama.cpp's rule (backend/vocab.py), or another
+whose tokens spell text (it drafts through text: drafting/foreign.py; ranked after every one of the target's own),
 checked here on what the headers say (facts.Vocab), so that ranking hundreds of files loads none: the chosen
 draft is checked again by llama.cpp's own rule when the run reads its vocabulary. Among those that can, the
 rank is the cost model's expected speed-up (drafting/cost.py, as auto computes it) where a cost curve measured
@@ -19,7 +20,7 @@ from pathlib import Path
 from ..backend import draft_files
 from .. import identity
 from ..drafting import curves
-from ..drafting.auto import MODEL_PRIOR
+from ..drafting.auto import FOREIGN_PRIOR, MODEL_PRIOR
 from ..drafting.cost import Costs, best_length
 from ..backend.gguf_file import Malformed
 from .facts import FIRST_CHECKED_ID, MAX_SIZE_DIFFERENCE, Facts, Index, Vocab
@@ -31,6 +32,7 @@ from .stores import Entry, scan
 # as often as a same-family draft (EAGLE-3's papers: 3-4.5 tokens per verification at 6-7 drafted).
 KIN_PRIORS = {"trained on it": MODEL_PRIOR, "family and tuning": MODEL_PRIOR, "family": 0.6, "architecture": 0.5}
 KIN_PRIORS |= {"vocabulary": 0.4}
+KIN_PRIORS |= {"tokenizer": FOREIGN_PRIOR}  # another family's tokenizer: it drafts through text (drafting/foreign.py)
 RANK_K = 8  # draft lengths the expected speed-up considers (auto's longest drafts rarely pay more on a model)
 
 
@@ -69,6 +71,11 @@ def vocab_problem(t: Vocab | None, d: Vocab | None) -> str | None:
     return None
 
 
+def _spells(v: Vocab | None) -> bool:
+    """Whether a header's vocabulary may spell text (the run checks that it does: vocab.no_text)."""
+    return v is not None and v.size > 0 and (v.type or "none") not in ("none", "no_vocab")
+
+
 def _adds(v: Vocab, what: str) -> bool:
     value = getattr(v, what)
     return bool(value) if value is not None else (what == "add_bos" and v.type == "llama")  # SentencePiece adds BOS
@@ -76,6 +83,8 @@ def _adds(v: Vocab, what: str) -> bool:
 
 def kin_words(kin: str) -> str:
     """What a draft shares with its target, in words."""
+    if kin == "tokenizer":
+        return "another tokenizer: it drafts through text"
     return "trained on its hidden states" if kin == "trained on it" else f"same {kin}"
 
 
@@ -86,8 +95,8 @@ def kinship(t: Facts, d: Facts) -> str:
 
 
 def options(target: Path, facts: Facts, entries: list[Entry], costs: Costs | None = None) -> list[Option]:
-    """Every other local model as a draft for the target: those that can first, best first; then the rest,
-    each with why it cannot."""
+    """Every other local model as a draft for the target: those that can first, best first (those of another
+    tokenizer after those of its own); then the rest, each with why it cannot."""
     real = Path(target).resolve()
     out = []
     for e in entries:
@@ -95,6 +104,9 @@ def options(target: Path, facts: Facts, entries: list[Entry], costs: Costs | Non
             continue
         problem = vocab_problem(facts.vocab, e.facts.vocab)
         draft = draft_files.DraftFile(path=e.path, **e.facts.draft) if e.facts.draft else None
+        # A model of another vocabulary drafts through text (not a draft of the target's hidden states).
+        foreign = problem is not None and draft is None and _spells(facts.vocab) and _spells(e.facts.vocab)
+        problem = None if foreign else problem
         if problem is None and draft is not None:
             problem = draft_files.problem(draft, Path(target).name, facts.arch, facts.width, facts.layers)
         elif problem is None and e.facts.params >= facts.params:
@@ -102,7 +114,7 @@ def options(target: Path, facts: Facts, entries: list[Entry], costs: Costs | Non
         if problem is not None:
             out.append(Option(e, problem))
             continue
-        kin = "trained on it" if draft is not None else kinship(facts, e.facts)
+        kin = "trained on it" if draft is not None else "tokenizer" if foreign else kinship(facts, e.facts)
         # A draft that borrows the target's head reads it every token too (EAGLE-3, DFlash without their own).
         reads = e.size + (facts.head_bytes if draft is not None and not draft.own_head else 0)
         block = draft is not None and draft.arch == "dflash"
@@ -113,6 +125,7 @@ def options(target: Path, facts: Facts, entries: list[Entry], costs: Costs | Non
         out,
         key=lambda o: (
             not o.ok,
+            o.kin == "tokenizer",  # through text: where no model of the target's vocabulary can draft
             -(o.speedup or 0.0),
             order.index(o.kin) if o.ok else 0,
             o.entry.size,

@@ -240,6 +240,9 @@ def _drafter_rows(stats: Stats) -> list[tuple[str, str]]:
             text += f", {1000 * d.draft_seconds / d.drafted:.2f} ms per draft token"
         if d.entropy_rounds:
             text += f", draft entropy {d.entropy / d.entropy_rounds:.2f} nats"
+        if d.foreign_rounds:
+            per = f"{d.draft_fed / d.accepted:.1f}" if d.accepted else "-"
+            text += f"; another tokenizer's: {per} of its tokens fed per accepted"
         rows.append((f"  {round_label(name)}", text))
     both = stats.predicted_vs_realised()
     if both:
