@@ -14,9 +14,13 @@ import pytest
 
 from conftest import accept_every_draft, config, run_engine, same_distribution, sample_counts
 from test_cli import one_line_error, specdec
+from test_constraint import GRAMMARS
 from specdec_cli.drafting import measure as measurement
 from specdec_cli.drafting.cost import Costs
-from specdec_cli.drafting.bridge import Bridge, complete, readable, spelled
+from specdec_cli.drafting.bridge import Bridge, _restart, complete, readable, spelled
+from specdec_cli.drafting.foreign import ForeignDrafter
+from specdec_cli.drafting.model import ModelDrafter
+from specdec_cli.engine.sampling import Sampler
 from specdec_cli.run_inputs import Inputs
 from specdec_cli.session import RunConfig, open_session
 
@@ -117,6 +121,20 @@ def test_a_foreign_draft_drafts_from_a_sliding_window(models, k):
         assert s.draft_ctx.seq_pos_range(0)[1] < 64 + 32 + 66  # the window, not the whole text
 
 
+@pytest.mark.parametrize("name", ["forbids", "literal", "enum"])
+def test_a_grammar_cuts_a_foreign_proposal_and_the_output_is_the_constrained_targets(models, monkeypatch, name):
+    """The draft's rows are not masked (its ids are not the grammar's): the engine cuts its proposal where the grammar
+    rejects a token, as it cuts every drafter's (here at once: the draft writes what the unconstrained target would)."""
+    proposed, propose = [], ForeignDrafter.propose
+    monkeypatch.setattr(ForeignDrafter, "propose", lambda *a, **kw: proposed.append(d := propose(*a, **kw)) or d)
+    kw = dict(max_tokens=60, gbnf=GRAMMARS[name][0], lookup_cache=False)
+    with open_session(config(models, None, **kw)) as alone, open_session(config(models, "other_vocab_same", **kw)) as s:
+        expected = run_engine(alone, "hello")[0]
+        for k in (2, 5):
+            assert run_engine(s, "hello", draft_tokens=k)[0] == expected
+    assert sum(len(d.tokens) for d in proposed) > 0  # (it proposed: the grammar had something to cut)
+
+
 def test_a_walk_away_mid_stream_leaves_the_next_run_right(open_pair):
     """A consumer that stops reading between rounds: the next run (reusing the draft's cells) is still exact."""
     s = open_pair("other_vocab_draft", max_tokens=40)
@@ -162,16 +180,16 @@ def test_a_draft_that_cannot_draft_through_text_is_one_line_exit_2(models, capsy
 class Fake:
     """A vocabulary of whole words and single bytes (longest match first); `space_prefix`: SentencePiece's dummy."""
 
-    def __init__(self, words: list[bytes], space_prefix: bool = False, eog: int | None = None):
+    def __init__(self, words: list[bytes], space_prefix: bool = False, bos: bool = True):
         self.pieces = [b"<s>", b"</s>"] + [bytes([b]) for b in range(256)] + words
-        self.space_prefix = space_prefix
+        self.space_prefix, self.adds_bos = space_prefix, bos
 
     def piece(self, token: int) -> bytes:
         return b"" if token < 2 else self.pieces[token]
 
     def tokenize_bytes(self, raw: bytes, *, add_special: bool, parse_special: bool) -> list[int]:
         raw = (b" " if self.space_prefix else b"") + raw
-        out, i = ([0] if add_special else []), 0
+        out, i = ([0] if add_special and self.adds_bos else []), 0
         while i < len(raw):
             best = max(
                 (j for j, p in enumerate(self.pieces) if j >= 2 and raw.startswith(p, i)),
@@ -195,6 +213,32 @@ class Fake:
 
     def bos(self) -> int:
         return 0
+
+
+def test_an_empty_text_for_the_draft_drafts_nothing_and_touches_no_cache():
+    """A prompt that is only the target's BOS, for a draft that adds none: nothing for the draft to read."""
+    target, draft = Fake([]), Fake([], bos=False)
+    drafter = ForeignDrafter(ModelDrafter(lambda: pytest.fail("the draft's cache was opened")), Bridge(target, draft))
+    drafter.prefill([])
+    assert drafter.propose([0], 4, Sampler(), None).tokens == []
+
+
+def test_tokenizing_again_starts_at_a_characters_first_byte():
+    """Where no space or new line is near (CJK text), the restart falls where a character starts: a draft token that
+    ended inside one (byte-level BPE does) is no place to tokenize from."""
+    text = "日本語のテキスト".encode() * 20
+    ends = list(range(2, len(text) + 1, 2))  # every token two bytes: most end inside a character
+    j = _restart(text, ends, 8)
+    assert 0 < j <= len(ends) - 8 and text[ends[j - 1]] & 0xC0 != 0x80
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_a_recurrent_draft_of_another_vocabulary_gives_the_target_alone_output(models, arch):
+    """Its state rolls back only into its last decode's snapshots: its cells are never tokenized again (--debug checks
+    them every round)."""
+    alone, _ = outputs(models, arch, None)
+    spec, stats = outputs(models, arch, f"{arch}_other")
+    assert spec == alone and sum(s.accepted for s in stats) > 0
 
 
 def test_complete_holds_back_only_an_unfinished_character():

@@ -509,7 +509,8 @@ def write_fixture_set(folder: Path) -> dict[str, Path]:
     short_ctx (target weights, trained for 1,024 tokens: -c is bounded by it);
     hostile drafts: nan_draft (every logit NaN), extra_vocab (proposes ids the target lacks);
     hybrids that roll back through recurrent snapshots, each with its own noisy draft and identical
-    copy: lfm2, lfm2_draft, lfm2_same (short conv) and qwen35, qwen35_draft, qwen35_same (DeltaNet); models with
+    copy: lfm2, lfm2_draft, lfm2_same (short conv) and qwen35, qwen35_draft, qwen35_same (DeltaNet), and each one's
+    function in another vocabulary's ids (lfm2_other, qwen35_other); models with
     MTP heads: mtp (mimo2, two chained heads), mtp_one (one head), qwen35_mtp (the hybrid's), mtp_mirror."""
     vocab = byte_vocab()
     base = random_weights(seed=1234, n_vocab=len(vocab))
@@ -540,6 +541,8 @@ def write_fixture_set(folder: Path) -> dict[str, Path]:
     for arch, weights, write in (("lfm2", lfm2_weights, write_lfm2), ("qwen35", qwen35_weights, write_qwen35)):
         hybrid = weights(seed=1234, n_vocab=len(vocab))
         paths[arch] = write(folder / f"{arch}.gguf", hybrid, vocab)
+        # the same function in another vocabulary's ids: a recurrent draft that drafts through text
+        paths[f"{arch}_other"] = write(folder / f"{arch}_other.gguf", permuted(hybrid, 7), byte_vocab(shuffle_seed=7))
         # rel=0.02 here too: the draft's greedy choice is the target's about 80% of the time
         paths[f"{arch}_draft"] = write(folder / f"{arch}_draft.gguf", add_noise(hybrid, seed=99, rel=0.02), vocab)
         paths[f"{arch}_same"] = write(folder / f"{arch}_same.gguf", hybrid, vocab)

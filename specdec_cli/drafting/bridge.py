@@ -82,17 +82,18 @@ def spelled(vocab: Vocab, data: bytes) -> tuple[list[int], list[int]]:
     return tokens[: len(ends)], ends
 
 
-def _restart(text: bytes, ends: list[int]) -> int:
-    """Where to tokenize the draft's text again from: a token at least LOOKBEHIND back, preferably one that starts a
-    word or a line (where tokenizers split alike whatever came before)."""
-    last = len(ends) - LOOKBEHIND
-    if last <= 0:
-        return 0
+def _restart(text: bytes, ends: list[int], lookbehind: int) -> int:
+    """Where to tokenize the draft's text again from: a token at least `lookbehind` back, preferably one that starts a
+    word or a line (where tokenizers split alike whatever came before), else one that starts a character."""
+    last = len(ends) - lookbehind
+    if last <= 0 or not lookbehind:
+        return max(last, 0)
     for j in range(last, max(last - REACH, 0), -1):
         at = ends[j - 1]
         if text[at : at + 1] == b" " or text[at - 1 : at] == b"\n":
             return j
-    return last
+    # (where a character starts: not at a UTF-8 continuation byte)
+    return next((j for j in range(last, 0, -1) if (at := ends[j - 1]) >= len(text) or text[at] & 0xC0 != 0x80), 0)
 
 
 class Bridge:
@@ -102,6 +103,7 @@ class Bridge:
 
     def __init__(self, target: Vocab, draft: Vocab):
         self.target, self.draft = target, draft
+        self.lookbehind = LOOKBEHIND  # (0: a recurrent draft, whose cells a rollback into would clear)
         # Whether the draft spells invalid UTF-8 as it is (byte tokens: SentencePiece's byte fallback); else it reads
         # U+FFFD for it, as byte-level BPE in llama.cpp does (`readable`).
         self.raw = spelled(draft, INVALID)[1][-1:] == [len(INVALID)]
@@ -143,7 +145,7 @@ class Bridge:
         draft cannot read to its end (a character the target has half written, text its tokens do not spell)."""
         text = self.follow(committed)
         readable_text = self.clean(text)
-        j = _restart(readable_text, self.ends)
+        j = _restart(readable_text, self.ends, self.lookbehind)
         start = self.ends[j - 1] if j else 0
         tokens, ends = spelled(self.draft, readable_text[start:])
         self.tokens = self.tokens[:j] + tokens

@@ -75,25 +75,41 @@ class ForeignDrafter(Drafter):
             self.bridge.begin(committed[: self._prompt])
         return self.bridge.sync(committed)
 
+    def _adopt(self) -> None:
+        """The cells its cache was opened with (a server's earlier turn: kv.Kept.take kept the longest prefix of its
+        prompt it held), in `_text` before any round of its own; a recurrent state's cells are never tokenized again
+        (a rollback into them clears it)."""
+        if self.inner.opened and not self._text:
+            self._text = self.bridge.head[: self.inner.seq.covers]
+            self.bridge.lookbehind = 0 if self.inner.seq.ctx.max_rollback is not None else self.bridge.lookbehind
+
     def lag(self, committed: list[int], k: int = 1, size: int | None | EllipsisType = ...) -> int:
         text = self._synced(committed)
-        return self.inner.lag(text, k, size) if text is not None else 1
+        lag = self.inner.lag(text, k, size) if text else 1
+        self._adopt()  # (it may have opened it)
+        return lag
 
     def propose(
         self, committed: list[int], k: int, sampler: Sampler, rng: np.random.Generator, policy: DraftPolicy = FIXED
     ) -> Draft:
         t0 = time.perf_counter()
         text = self._synced(committed)
-        if text is None or self.inner.failed or not self.inner.open_now():
+        if not text or self.inner.failed or not self.inner.open_now():
             return Draft([], None, source=self.name, k=k, notice=self.inner.take_notice())
+        self._adopt()
         seq = self.inner.seq
-        shared = min(seq.shared(text), len(text) - 1)  # (the last token is fed: its row drafts the first)
+        shared = seq.shared(text)
+        if shared >= len(text):  # nothing new to read (the target wrote a token with no text): its last row is gone
+            return Draft([], None, source=self.name, k=k)
         self.inner.rollback(shared)
-        self._text = text[:shared]
-        before = seq.covers
+        self._text = text[: seq.covers]  # (a recurrent state rolled back past its snapshots is cleared)
+        before, dropped = seq.covers, seq.dropped
         self._committed = committed  # (the engine's list: at rollback it holds what the round kept)
         d = self.inner.propose(text, k + LOOKAHEAD, GREEDY, None, policy)
         self._text = (text + d.tokens)[: seq.covers]
+        # Its own tokens decoded: the text's catch-up and its drafting decodes (not what a slid window left out, nor its
+        # prompt, whose feed is the prefill's).
+        fed = seq.covers - (seq.dropped - dropped) - max(before, len(self.bridge.head))
         tokens, confidence = self.bridge.proposal(d.tokens, d.confidence, k)
         seconds = time.perf_counter() - t0
         return Draft(
@@ -107,7 +123,7 @@ class ForeignDrafter(Drafter):
             decodes=len(tokens),  # auto prices a drafted target token: the draft's decodes and the text's round trip
             fed=d.fed,
             decode_seconds=seconds / len(tokens) if tokens and 0 <= d.fed <= LEARNED_FEED else None,
-            draft_fed=seq.covers - max(before, len(self.bridge.head)),  # (its prompt's feed is the prefill's)
+            draft_fed=max(fed, 0),
         )
 
     def rollback(self, n: int, draft: Draft, winner: int = 0) -> None:
@@ -119,13 +135,14 @@ class ForeignDrafter(Drafter):
         held = self._text[head:] if len(self._text) >= head else []
         keep = head + self.bridge.kept(held, n) if len(self._text) >= head else len(self._text)
         self.inner.rollback(keep)
-        self._text = self._text[:keep]
+        self._text = self._text[: min(keep, self.inner.seq.covers)]
 
     def check(self, committed: list[int]) -> None:
         """Debug: the draft's cache holds the tokens it says (kv.Sequence.check, in its own ids), and they spell the
         draft's prompt and then a prefix of the committed text."""
         if not self.inner.opened:
             return
+        self._adopt()
         self.inner.check(self._text)
         head = self.bridge.head
         if self._text[: len(head)] != head[: len(self._text)]:
