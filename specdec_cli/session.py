@@ -197,8 +197,8 @@ class Session:
         own, slot.salt = salt == slot.salt, salt
         # A draft of another vocabulary reads the prompt in its own tokens (drafting/bridge.py): its cells are those.
         bridge = Bridge(self.target, self.draft_of.info) if self.draft_of.foreign else None
-        held = bridge.prompt(tokens) if bridge is not None else tokens
-        draft = (lambda: slot.kept.take(slot.draft(), held, reuse and own)) if slot.draft else None
+        held = lambda: bridge.prompt(tokens) if bridge is not None else tokens  # noqa: E731 (only where it drafts)
+        draft = (lambda: slot.kept.take(slot.draft(), held(), reuse and own)) if slot.draft else None
         for made in (slot.heads and slot.heads.made, slot.hidden and slot.hidden.made):  # the target's decodes feed
             if made is not None:  # them only in runs that draft with them
                 made.detach()

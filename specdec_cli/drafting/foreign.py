@@ -81,7 +81,8 @@ class ForeignDrafter(Drafter):
         (a rollback into them clears it)."""
         if self.inner.opened and not self._text:
             self._text = self.bridge.head[: self.inner.seq.covers]
-            self.bridge.lookbehind = 0 if self.inner.seq.ctx.max_rollback is not None else self.bridge.lookbehind
+            if self.inner.seq.ctx.max_rollback is not None:
+                self.bridge.lookbehind = 0
 
     def lag(self, committed: list[int], k: int = 1, size: int | None | EllipsisType = ...) -> int:
         text = self._synced(committed)
